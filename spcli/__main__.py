@@ -1,0 +1,3 @@
+from spcli.cli import main
+
+main()

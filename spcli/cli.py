@@ -1,0 +1,123 @@
+"""The command line: flags map one-to-one onto config fields; errors are handled in `main`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from spcli.config import FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig
+from spcli.errors import EXIT_FAILURE, SpcliError
+
+app = typer.Typer(
+    help="Offline bulk LLM prefill with Speculative Prefill (arXiv:2502.02789).\n\n"
+    "Exit codes: 0 done, 1 internal error, 2 bad input or configuration, 75 interrupted (resumable: run again).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+STATE = {"debug": False}
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+) -> None:
+    STATE["debug"] = debug
+    level = "WARNING" if quiet else log_level.upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), format="%(levelname)s %(message)s", stream=sys.stderr)
+    STATE["quiet"] = quiet
+
+
+@app.command()
+def run(
+    inputs: Annotated[list[str], typer.Argument(help="JSONL (.jsonl, .jsonl.gz) or Parquet shards, globs or directories.")],
+    out: Annotated[str, typer.Option("--out", "-o", help="Output directory (created; resumed when it exists).")],
+    model: Annotated[str, typer.Option(help="Model name (see `spcli models`), local folder or cached HF id.")] = "smollm2-135m",
+    speculator: Annotated[Optional[str], typer.Option(help="Speculator model, or self:K = the base model's first K layers. Default: the model's.")] = None,
+    keep: Annotated[float, typer.Option(help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill.")] = 0.1,
+    lookahead: Annotated[int, typer.Option(help="Greedy look-ahead tokens of the speculator (N+1 query rows score).")] = 8,
+    chunk: Annotated[int, typer.Option(help="Tokens per selection chunk.")] = 32,
+    pool: Annotated[int, typer.Option(help="Average-pool kernel over token scores (odd; 1 = none).")] = 13,
+    keep_first: Annotated[int, typer.Option(help="First tokens always kept (attention sink).")] = 4,
+    keep_last: Annotated[int, typer.Option(help="Last tokens always kept (question and generation prompt).")] = 64,
+    min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are not pruned.")] = 256,
+    max_tokens: Annotated[int, typer.Option(help="Tokens to generate per row (a record's max_tokens overrides).")] = 64,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,
+    batch_size: Annotated[int, typer.Option(help="Rows per batch (and per committed part).")] = 8,
+    dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
+    engine: Annotated[str, typer.Option(help="hf (transformers) or vllm.")] = "hf",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    prompt_field: Annotated[str, typer.Option(help="Input field holding prompt text.")] = "prompt",
+    messages_field: Annotated[str, typer.Option(help="Input field holding chat messages.")] = "messages",
+    id_field: Annotated[str, typer.Option(help="Input field holding the row id (else <file stem>:<row>).")] = "id",
+    output_format: Annotated[str, typer.Option(help="parquet, jsonl or openai.")] = "parquet",
+    save_scores: Annotated[bool, typer.Option(help="Also write per-token importance.")] = False,
+    truncate: Annotated[str, typer.Option(help="Over-long prompts: error (error row), left or middle.")] = "error",
+    score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
+    fresh: Annotated[bool, typer.Option(help="Start over: delete this directory's outputs.")] = False,
+    force: Annotated[bool, typer.Option(help="Append to a directory whose configuration differs.")] = False,
+) -> None:
+    """Run Speculative Prefill over prompt shards; write outputs and kept-token masks to --out."""
+    from spcli.progress import Progress
+    from spcli.run import run as run_job
+
+    cfg = RunConfig(
+        inputs=tuple(inputs), out=out, model=model, speculator=speculator, engine=engine, dtype=dtype, device=device,
+        batch_size=batch_size, output_format=output_format, save_scores=save_scores, truncate=truncate,
+        fresh=fresh, force=force,
+        select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens),
+        score=ScoreConfig(lookahead=lookahead, pool=pool, impl=score_impl),
+        generate=GenerateConfig(max_tokens=max_tokens, temperature=temperature, seed=seed),
+        fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),
+    )
+    s = run_job(cfg, Progress(quiet=STATE.get("quiet", False)))
+    kept = 100.0 * s.kept_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
+    typer.echo(
+        f"done: {s.rows} rows ({s.failed} failed), prompt tokens {s.prompt_tokens}, kept {s.kept_tokens} ({kept:.1f}%), "
+        f"{s.wall_s:.1f} s; outputs in {s.out}"
+    )
+
+
+@app.command()
+def models() -> None:
+    """List model names, what they resolve to, and whether their weights are on this machine."""
+    from spcli.models import PRESETS, is_available
+
+    typer.echo(f"{'name':<16} {'source':<42} {'speculator':<12} {'tp':>2} {'dtype':<9} available")
+    for p in PRESETS.values():
+        dtype = p.dtype + ("/" + p.quantization if p.quantization else "")
+        typer.echo(f"{p.name:<16} {p.source:<42} {p.speculator:<12} {p.tp:>2} {dtype:<9} {'yes' if is_available(p.name) else 'no'}")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except SpcliError as e:
+        if STATE["debug"]:
+            raise
+        typer.echo(f"spcli: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except (typer.Exit, SystemExit) as e:
+        sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
+    except KeyboardInterrupt:
+        typer.echo("spcli: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # click usage errors have their own exit code
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(130)
+        if STATE["debug"]:
+            raise
+        typer.echo(f"spcli: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
+        sys.exit(EXIT_FAILURE)

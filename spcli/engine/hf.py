@@ -1,0 +1,134 @@
+"""The `hf` engine: transformers + torch, the reference engine and the embedded default.
+
+Wires, for one batch of records: tokenize -> speculate -> score -> select -> prefill+decode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import torch
+
+from spcli import models
+from spcli.config import RunConfig
+from spcli.engine import load
+from spcli.engine.prefill import PrunedPrompt, generate_pruned
+from spcli.engine.select import is_pruned, select_tokens
+from spcli.engine.speculate import speculate
+from spcli.engine.tokenize import tokenize
+from spcli.errors import RecordError
+from spcli.io.records import Record
+from spcli.io.schema import RowResult
+
+
+def row_seed(seed: int, row_id: str) -> int:
+    """A per-row sampling seed: stable across batching, resume and Slurm tasks."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{row_id}".encode()).digest()[:7], "big")
+
+
+@dataclass
+class Prepared:
+    index: int  # position in the batch
+    record: Record
+    input_ids: list[int]
+    kept: torch.Tensor  # [m] int64 ascending
+    keep: float
+    max_tokens: int
+    speculate_s: float
+    importance: torch.Tensor | None  # [n] float32
+
+
+class HFEngine:
+    def __init__(self, cfg: RunConfig, shard_paths: dict[int, str], log=lambda msg: None):
+        self.cfg = cfg
+        self.shard_paths = shard_paths
+        self.log = log
+        self.device = load.pick_device(cfg.device)
+        self.dtype = cfg.dtype or models.default_dtype(cfg.model)
+        path = models.locate(cfg.model)
+        self.base = load.load_causal_lm(path, self.dtype, self.device)
+        self.tokenizer = load.load_tokenizer(path)
+        self.eos_ids = load.eos_token_ids(self.base.model, self.tokenizer)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
+        self.max_positions = int(getattr(self.base.model.config, "max_position_embeddings", 1 << 30))
+        self.speculator_name = cfg.speculator or models.default_speculator(cfg.model)
+        self._speculator = None
+
+    @property
+    def speculator(self):
+        """Loaded on first use: a run at keep=1.0 never loads it."""
+        if self._speculator is None:
+            k = load.parse_self(self.speculator_name)
+            if k is not None:
+                self._speculator = load.first_layers(self.base.model, k)
+            else:
+                path = models.locate(self.speculator_name)
+                load.check_same_vocabulary(self.tokenizer, load.load_tokenizer(path), self.cfg.model, self.speculator_name)
+                self._speculator = load.load_causal_lm(path, self.dtype, self.device).model
+        return self._speculator
+
+    def _error(self, rec: Record, message: str) -> RowResult:
+        return RowResult(rec.id, self.shard_paths[rec.shard], rec.row, error=message,
+                         custom_id=rec.custom_id, endpoint=rec.endpoint)
+
+    def _prepare(self, i: int, rec: Record) -> Prepared:
+        max_tokens = rec.max_tokens or self.cfg.generate.max_tokens
+        ids = tokenize(rec, self.tokenizer, self.max_positions - max_tokens, self.cfg.truncate)
+        keep = rec.keep if rec.keep is not None else self.cfg.select.keep
+        n = len(ids)
+        if not is_pruned(n, self.cfg.select, keep):
+            return Prepared(i, rec, ids, torch.arange(n), keep, max_tokens, 0.0, None)
+        spec = speculate(self.speculator, ids, self.cfg.score, self.eos_ids, self.device)
+        kept = select_tokens(spec.importance, self.cfg.select, keep)
+        return Prepared(i, rec, ids, kept, keep, max_tokens, spec.speculate_s + spec.score_s, spec.importance)
+
+    def run_batch(self, records: list[Record]) -> list[RowResult]:
+        t0 = time.perf_counter()
+        results: list[RowResult | None] = [None] * len(records)
+        ready: list[Prepared] = []
+        for i, rec in enumerate(records):
+            if rec.error is not None:
+                results[i] = self._error(rec, rec.error)
+                continue
+            try:
+                ready.append(self._prepare(i, rec))
+            except RecordError as e:
+                results[i] = self._error(rec, f"{self.shard_paths[rec.shard]}:row {rec.row}: {e}")
+        if ready:
+            for p, r in zip(ready, self._generate(ready, t0)):
+                results[p.index] = r
+        return results  # type: ignore[return-value]
+
+    def _generate(self, ready: list[Prepared], t0: float) -> list[RowResult]:
+        gcfg = self.cfg.generate
+        prompts = [
+            PrunedPrompt(torch.tensor(p.input_ids)[p.kept], p.kept, len(p.input_ids), p.max_tokens,
+                         p.record.temperature if p.record.temperature is not None else gcfg.temperature,
+                         row_seed(gcfg.seed, p.record.id))
+            for p in ready
+        ]
+        try:
+            gens, timing = generate_pruned(self.base.model, prompts, self.eos_ids, self.pad_id, self.device)
+        except (RuntimeError, MemoryError) as e:
+            if len(ready) == 1:
+                rec = ready[0].record
+                return [self._error(rec, f"{self.shard_paths[rec.shard]}:row {rec.row}: model failed: {e}")]
+            self.log(f"batch of {len(ready)} failed ({e}); retrying one row at a time")
+            return [r for p in ready for r in self._generate([p], time.perf_counter())]
+        ttft = time.perf_counter() - t0 - timing.decode_s
+        out = []
+        for p, g in zip(ready, gens):
+            out.append(RowResult(
+                id=p.record.id, shard=self.shard_paths[p.record.shard], row=p.record.row,
+                output=self.tokenizer.decode(g.token_ids, skip_special_tokens=True),
+                finish_reason=g.finish_reason, num_prompt_tokens=len(p.input_ids),
+                num_kept_tokens=int(p.kept.numel()), num_output_tokens=len(g.token_ids),
+                kept_indices=p.kept.tolist(), ttft_s=ttft, speculate_s=p.speculate_s,
+                prefill_s=timing.prefill_s, decode_s=timing.decode_s,
+                importance=p.importance.tolist() if (self.cfg.save_scores and p.importance is not None) else None,
+                custom_id=p.record.custom_id, endpoint=p.record.endpoint,
+            ))
+        return out

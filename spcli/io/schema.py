@@ -1,0 +1,73 @@
+"""The one output schema, shared by every engine and output format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+
+@dataclass
+class RowResult:
+    id: str
+    shard: str  # input shard path
+    row: int  # row/line index in the shard
+    output: str | None = None
+    finish_reason: str | None = None  # "stop" | "length"; None on error
+    num_prompt_tokens: int = 0
+    num_kept_tokens: int = 0
+    num_output_tokens: int = 0
+    kept_indices: list[int] = field(default_factory=list)  # ascending indices into the prompt's token ids
+    ttft_s: float | None = None  # batch start -> this row's first token (speculation included)
+    speculate_s: float = 0.0  # this row's speculator prefill + look-ahead + scoring
+    prefill_s: float = 0.0  # its batch's base prefill
+    decode_s: float = 0.0  # its batch's decode
+    error: str | None = None
+    importance: list[float] | None = None  # with --save-scores: one per prompt token
+    custom_id: str | None = None  # OpenAI batch requests
+    endpoint: str | None = None
+
+    @property
+    def keep_rate(self) -> float | None:
+        return self.num_kept_tokens / self.num_prompt_tokens if self.num_prompt_tokens else None
+
+
+def output_schema(save_scores: bool) -> pa.Schema:
+    fields = [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("shard", pa.string()),
+        pa.field("row", pa.int64()),
+        pa.field("output", pa.string()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("num_prompt_tokens", pa.int32()),
+        pa.field("num_kept_tokens", pa.int32()),
+        pa.field("keep_rate", pa.float32()),
+        pa.field("num_output_tokens", pa.int32()),
+        pa.field("kept_indices", pa.list_(pa.int32())),
+        pa.field("ttft_s", pa.float64()),
+        pa.field("speculate_s", pa.float64()),
+        pa.field("prefill_s", pa.float64()),
+        pa.field("decode_s", pa.float64()),
+        pa.field("error", pa.string()),
+    ]
+    if save_scores:
+        fields.append(pa.field("importance", pa.list_(pa.float32())))
+    return pa.schema(fields)
+
+
+def to_dict(r: RowResult, save_scores: bool) -> dict:
+    d = {
+        "id": r.id, "shard": r.shard, "row": r.row, "output": r.output, "finish_reason": r.finish_reason,
+        "num_prompt_tokens": r.num_prompt_tokens, "num_kept_tokens": r.num_kept_tokens,
+        "keep_rate": r.keep_rate, "num_output_tokens": r.num_output_tokens,
+        "kept_indices": r.kept_indices, "ttft_s": r.ttft_s, "speculate_s": r.speculate_s,
+        "prefill_s": r.prefill_s, "decode_s": r.decode_s, "error": r.error,
+    }
+    if save_scores:
+        d["importance"] = r.importance
+    return d
+
+
+def to_table(rows: list[RowResult], save_scores: bool) -> pa.Table:
+    schema = output_schema(save_scores)
+    return pa.Table.from_pylist([to_dict(r, save_scores) for r in rows], schema=schema)

@@ -1,0 +1,117 @@
+"""`spcli run` end to end on JSONL and Parquet, through Typer's runner and a real subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from spcli.cli import app
+from spcli.io.manifest import read_manifests
+
+
+def read_outputs(out: Path) -> list[dict]:
+    rows = []
+    for doc in read_manifests(out):
+        for shard in doc["shards"].values():
+            for part in shard["parts"]:
+                p = out / part
+                if p.suffix == ".parquet":
+                    rows += pq.read_table(p).to_pylist()
+                else:
+                    rows += [json.loads(line) for line in p.read_text().splitlines()]
+    return rows
+
+
+def prompt_rows(k: int, words: int = 120):
+    return [{"id": f"r{i}", "prompt": " ".join(f"word{(i * 7 + j) % 50}" for j in range(words + 13 * i))} for i in range(k)]
+
+
+ARGS = ["--keep", "0.3", "--min-tokens", "16", "--keep-last", "8", "--chunk", "8", "--max-tokens", "5",
+        "--dtype", "float32", "--lookahead", "2", "--speculator", "self:2"]
+
+
+def test_run_jsonl_and_parquet_with_typer_runner(tmp_path, tiny_dir, write_jsonl):
+    jl = write_jsonl(prompt_rows(5))
+    pqf = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ["p0", "p1"], "prompt": ["hello there " * 40, "a b c " * 30]}), pqf)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(jl), str(pqf), "--out", str(out), "--model", str(tiny_dir),
+                                   "--batch-size", "3", "--save-scores", *ARGS])
+    assert res.exit_code == 0, res.output
+    rows = read_outputs(out)
+    assert sorted(r["id"] for r in rows) == ["p0", "p1", "r0", "r1", "r2", "r3", "r4"]
+    for r in rows:
+        assert r["error"] is None
+        n, kept = r["num_prompt_tokens"], r["kept_indices"]
+        assert kept == sorted(set(kept)) and 0 <= kept[0] and kept[-1] < n
+        assert r["num_kept_tokens"] == len(kept) == -(-3 * n // 10)  # ceil(0.3 n)
+        assert kept[-8:] == list(range(n - 8, n))  # the tail is forced
+        assert len(r["importance"]) == n
+        assert r["finish_reason"] in ("stop", "length") and r["ttft_s"] > 0
+    assert "done: 7 rows (0 failed)" in res.output
+    schema = pq.read_schema(next(out.glob("part-*.parquet")))
+    assert schema.field("kept_indices").type == pa.list_(pa.int32())
+    assert schema.field("num_prompt_tokens").type == pa.int32()
+
+
+def test_batching_does_not_change_results(tmp_path, tiny_dir, write_jsonl):
+    jl = write_jsonl(prompt_rows(4))
+    runs = {}
+    for bs in (1, 4):
+        out = tmp_path / f"bs{bs}"
+        res = CliRunner().invoke(app, ["run", str(jl), "--out", str(out), "--model", str(tiny_dir), "--batch-size", str(bs), *ARGS])
+        assert res.exit_code == 0, res.output
+        runs[bs] = {r["id"]: (r["kept_indices"], r["output"]) for r in read_outputs(out)}
+    assert runs[1] == runs[4]
+
+
+def test_keep_one_skips_the_speculator(tmp_path, tiny_dir, write_jsonl):
+    jl = write_jsonl(prompt_rows(2))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(jl), "--out", str(out), "--model", str(tiny_dir), "--keep", "1.0",
+                                   "--max-tokens", "3", "--dtype", "float32"])
+    assert res.exit_code == 0, res.output
+    for r in read_outputs(out):
+        assert r["num_kept_tokens"] == r["num_prompt_tokens"] and r["speculate_s"] == 0.0
+
+
+def test_jsonl_output_format_and_error_rows(tmp_path, tiny_dir, write_jsonl):
+    jl = write_jsonl([{"id": "ok", "prompt": "fine " * 30}, {"id": "bad", "prompt": 42}, "not json", {"id": "m", "messages": "x"}])
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(jl), "--out", str(out), "--model", str(tiny_dir), "--output-format", "jsonl", *ARGS])
+    assert res.exit_code == 0, res.output
+    rows = {r["id"]: r for r in read_outputs(out)}
+    assert len(rows) == 4 and list(out.glob("part-*.jsonl"))
+    assert rows["ok"]["error"] is None
+    assert rows["bad"]["error"].endswith("in.jsonl:line 2: field 'prompt' must be a string, got int")
+    assert rows["bad"]["output"] is None
+    assert "line 3: malformed JSON" in rows["in:2"]["error"]
+    assert "field 'messages' must be a non-empty list" in rows["m"]["error"]
+
+
+def test_unknown_model_is_a_clear_error_with_exit_2(tmp_path, write_jsonl):
+    jl = write_jsonl(prompt_rows(1))
+    proc = subprocess.run([sys.executable, "-m", "spcli", "run", str(jl), "--out", str(tmp_path / "o"), "--model", "no-such-model"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("spcli: error: unknown model 'no-such-model'")
+    assert "Traceback" not in proc.stderr
+
+
+def test_run_as_a_real_subprocess(tmp_path, tiny_dir, write_jsonl):
+    jl = write_jsonl(prompt_rows(3))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "spcli", "run", str(jl), "--out", str(out), "--model", str(tiny_dir), *ARGS]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "done: 3 rows (0 failed)" in proc.stdout
+    assert len(read_outputs(out)) == 3
+    again = subprocess.run(cmd, capture_output=True, text=True)  # resume: nothing left to do
+    assert again.returncode == 0 and "done: 3 rows (0 failed)" in again.stdout
+    assert len(read_outputs(out)) == 3
