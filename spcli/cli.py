@@ -96,6 +96,16 @@ def models() -> None:
         typer.echo(f"{p.name:<16} {p.source:<42} {p.speculator:<12} {p.tp:>2} {dtype:<9} {'yes' if is_available(p.name) else 'no'}")
 
 
+def _register_commands() -> None:
+    from spcli.commands import ALL
+
+    for module in ALL:
+        module.register(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)
