@@ -1,0 +1,23 @@
+"""`make demo` — the README's first command — runs the default model on examples/ and says where outputs are."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = Path(__file__).parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo(tmp_path):
+    proc = subprocess.run(["make", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "done: 8 rows (0 failed)" in proc.stdout
+    assert "outputs: out/demo" in proc.stdout
+    rows = [r for p in sorted((ROOT / "out" / "demo").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+    assert len(rows) == 8 and all(r["error"] is None and r["output"] for r in rows)
+    assert all(r["num_kept_tokens"] <= 0.31 * r["num_prompt_tokens"] for r in rows)
