@@ -102,7 +102,7 @@ if HAS_TRITON:
     def _query_rows(q_ptr, stride_qh, stride_qs, kv_head, step0, num_steps,
                     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, STEPS_PAD: tl.constexpr,
                     HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
-        """Query rows of the GROUP heads sharing key head kv_head: [GROUP_PAD * STEPS_PAD, DIM_PAD], row g * STEPS_PAD + s."""
+        """The GROUP query heads on key head kv_head: [GROUP_PAD * STEPS_PAD, DIM_PAD], row g * STEPS_PAD + s."""
         rows = tl.arange(0, GROUP_PAD * STEPS_PAD)
         group, step = rows // STEPS_PAD, rows % STEPS_PAD
         is_row = (group < GROUP) & (step < num_steps)
@@ -117,11 +117,14 @@ if HAS_TRITON:
         """Unscaled q.K^T [rows, len(cols)] in fp32 for prompt positions cols; is_col marks those in [0, n)."""
         is_col = (cols >= 0) & (cols < n)
         dims = tl.arange(0, DIM_PAD)
-        ptrs = k_ptr + tl.cast(kv_head, tl.int64) * stride_kh + (tok0 + cols).to(tl.int64)[None, :] * stride_kn + dims[:, None]
+        tok = (tok0 + cols).to(tl.int64)
+        ptrs = k_ptr + tl.cast(kv_head, tl.int64) * stride_kh + tok[None, :] * stride_kn + dims[:, None]
         k = tl.load(ptrs, mask=is_col[None, :] & (dims < HEAD_DIM)[:, None], other=0.0)  # [DIM_PAD, len(cols)]
         if IS_FP32_DOT:
-            return tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee"), is_col
-        return tl.dot(q, k), is_col  # 16-bit inputs, fp32 accumulation
+            logits = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+        else:
+            logits = tl.dot(q, k)  # 16-bit inputs, fp32 accumulation
+        return logits, is_col
 
     @triton.jit
     def _softmax_stats_kernel(q_ptr, k_ptr, cu_seqlens_ptr, cu_steps_ptr, part_max_ptr, part_sum_ptr,
@@ -154,12 +157,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _pooled_max_kernel(q_ptr, k_ptr, cu_seqlens_ptr, cu_steps_ptr, part_max_ptr, part_sum_ptr, running_ptr, out_ptr,
-                           stride_qh, stride_qs, stride_kh, stride_kn, stride_running, qk_scale, num_kv_heads, num_splits,
+                           stride_qh, stride_qs, stride_kh, stride_kn, stride_running, qk_scale,
+                           num_kv_heads, num_splits,
                            GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, STEPS_PAD: tl.constexpr,
                            HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
                            POOL: tl.constexpr, BLOCK_W: tl.constexpr, POOL_PRECISION: tl.constexpr,
                            IS_FIRST_LAYER: tl.constexpr, IS_LAST_LAYER: tl.constexpr, IS_FP32_DOT: tl.constexpr):
-        """Grid (tile, prompt): pooled probabilities of BLOCK_W - 2 * HALO positions, max over heads, into the running max."""
+        """Grid (tile, prompt): pooled probabilities of BLOCK_W - 2 * HALO positions, max over heads, into running."""
         HALO: tl.constexpr = POOL // 2
         tile, prompt = tl.program_id(0), tl.program_id(1)
         tok0 = tl.load(cu_seqlens_ptr + prompt)
@@ -170,20 +174,22 @@ if HAS_TRITON:
             return
         j = tl.arange(0, BLOCK_W)
         cols = tile * (BLOCK_W - 2 * HALO) - HALO + j  # prompt positions, halo included; outside [0, n) count as 0
-        band = tl.where(tl.abs(j[:, None] - j[None, :]) <= HALO, 1.0, 0.0)  # [W, W]: (p @ band)[:, i] = sum p[:, i +- HALO]
+        band = tl.where(tl.abs(j[:, None] - j[None, :]) <= HALO, 1.0, 0.0)  # [W, W]: (p @ band)[i] = sum p[i +- HALO]
         splits = tl.arange(0, SPLITS_PAD)
         rows = tl.arange(0, GROUP_PAD * STEPS_PAD)
         best = tl.zeros([STEPS_PAD, BLOCK_W], tl.float32)  # probabilities are >= 0, so 0 is the max's identity
         for kv_head in range(num_kv_heads):
             q, is_row = _query_rows(q_ptr, stride_qh, stride_qs, kv_head, step0, num_steps,
                                     GROUP, GROUP_PAD, STEPS_PAD, HEAD_DIM, DIM_PAD)
-            offs = ((prompt * num_kv_heads + kv_head) * num_splits + splits)[:, None] * (GROUP_PAD * STEPS_PAD) + rows[None, :]
+            split_rows = ((prompt * num_kv_heads + kv_head) * num_splits + splits) * (GROUP_PAD * STEPS_PAD)
+            offs = split_rows[:, None] + rows[None, :]  # [SPLITS_PAD, rows] of part_max / part_sum
             is_split = (splits < num_splits)[:, None]
             part_max = tl.load(part_max_ptr + offs, mask=is_split, other=float("-inf"))  # [SPLITS_PAD, rows]
             part_sum = tl.load(part_sum_ptr + offs, mask=is_split, other=0.0)
             row_max = tl.max(part_max, axis=0)
             row_sum = tl.sum(part_sum * tl.exp2(part_max - row_max[None, :]), axis=0)
-            logits, is_col = _logits(q, k_ptr, stride_kh, stride_kn, kv_head, tok0, cols, n, HEAD_DIM, DIM_PAD, IS_FP32_DOT)
+            logits, is_col = _logits(q, k_ptr, stride_kh, stride_kn, kv_head, tok0, cols, n,
+                                     HEAD_DIM, DIM_PAD, IS_FP32_DOT)
             probs = tl.exp2(logits * qk_scale - row_max[:, None]) / row_sum[:, None]
             probs = tl.where(is_row[:, None] & is_col[None, :], probs, 0.0)  # [rows, W]
             if POOL > 1:
@@ -299,6 +305,8 @@ def token_importance_packed(
     Returns [N_total] float32; no padding is scored."""
     if not _use_triton(impl, queries.device):
         return importance_reference_packed(queries, cu_steps, keys, cu_seqlens, pool)
-    lens, steps = torch.diff(cu_seqlens).tolist(), torch.diff(cu_steps).tolist()  # one small copy to the host
+    num_prompts = cu_seqlens.numel() - 1
+    sizes = torch.cat([torch.diff(cu_seqlens), torch.diff(cu_steps)]).tolist()  # one small copy to the host
+    max_len, max_steps = max(sizes[:num_prompts], default=0), max(sizes[num_prompts:], default=1)
     cu_steps, cu_seqlens = cu_steps.to(torch.int32), cu_seqlens.to(torch.int32)
-    return importance_triton(queries, cu_steps, keys, cu_seqlens, pool, max(lens, default=0), max(steps, default=1))
+    return importance_triton(queries, cu_steps, keys, cu_seqlens, pool, max_len, max_steps)
