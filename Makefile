@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 TORCH := torch==2.13.0
 TRITON := triton==3.7.1
 
-.PHONY: demo test setup setup-test bench clean
+.PHONY: demo test setup setup-test docs clean
 
 $(VENV)/.base: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,11 @@ demo: $(VENV)/.base
 	@echo "outputs: out/demo (part-*.parquet, manifest.json); look inside with: .venv/bin/spcli inspect out/demo"
 
 test: $(VENV)/.test
+	sh tests/browser_setup.sh
 	$(VENV)/bin/python -m pytest -q
+
+docs: $(VENV)/.base
+	$(VENV)/bin/python docs/gen_cli.py
 
 clean:
 	rm -rf out .pytest_cache

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig
+from spcli.config import FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
 from spcli.errors import EXIT_FAILURE, SpcliError
 
 app = typer.Typer(
@@ -26,12 +25,14 @@ STATE = {"debug": False}
 def _root(
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors; no progress.")] = False,
+    log_json: Annotated[bool, typer.Option("--log-json", help="Log lines (progress included) as JSON objects, one per line.")] = False,
 ) -> None:
+    from spcli.progress import setup_logging
+
     STATE["debug"] = debug
-    level = "WARNING" if quiet else log_level.upper()
-    logging.basicConfig(level=getattr(logging, level, logging.INFO), format="%(levelname)s %(message)s", stream=sys.stderr)
     STATE["quiet"] = quiet
+    setup_logging(log_level, quiet, log_json)
 
 
 @app.command()
@@ -57,27 +58,45 @@ def run(
     prompt_field: Annotated[str, typer.Option(help="Input field holding prompt text.")] = "prompt",
     messages_field: Annotated[str, typer.Option(help="Input field holding chat messages.")] = "messages",
     id_field: Annotated[str, typer.Option(help="Input field holding the row id (else <file stem>:<row>).")] = "id",
-    output_format: Annotated[str, typer.Option(help="parquet, jsonl or openai.")] = "parquet",
+    output_format: Annotated[str, typer.Option(help="parquet, jsonl or openai (OpenAI batch response lines + a Parquet side output).")] = "parquet",
     save_scores: Annotated[bool, typer.Option(help="Also write per-token importance.")] = False,
     truncate: Annotated[str, typer.Option(help="Over-long prompts: error (error row), left or middle.")] = "error",
+    max_record_bytes: Annotated[int, typer.Option(help="Longer input records become error rows without being parsed.")] = 8 << 20,
+    commit_interval: Annotated[float, typer.Option(help="Seconds between commits of finished rows (0 = every batch).")] = 10.0,
     score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
-    fresh: Annotated[bool, typer.Option(help="Start over: delete this directory's outputs.")] = False,
+    fresh: Annotated[bool, typer.Option(help="Start over: delete this directory's outputs (default: resume).")] = False,
     force: Annotated[bool, typer.Option(help="Append to a directory whose configuration differs.")] = False,
+    tp: Annotated[Optional[int], typer.Option(help="vllm: tensor-parallel size. Default: the model's.")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="vllm: longest request (kept + generated tokens); also bounds the speculator's GPU share. Default: the model's.")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vllm: fraction of GPU memory vLLM takes. Default: computed to leave room for the speculator.")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="vllm: tokens per scheduler step (small values force chunked prefill). Default: vLLM's.")] = None,
 ) -> None:
-    """Run Speculative Prefill over prompt shards; write outputs and kept-token masks to --out."""
+    """Run Speculative Prefill over prompt shards; write outputs and kept-token masks to --out.
+
+    Resumes where the last run in --out stopped. SIGTERM, SIGINT and SIGUSR1 commit what is finished and exit 75 (run again to resume); bad records become rows with `error` set.
+    """
+    from spcli.errors import EXIT_INTERRUPTED, Interrupted
     from spcli.progress import Progress
     from spcli.run import run as run_job
 
     cfg = RunConfig(
         inputs=tuple(inputs), out=out, model=model, speculator=speculator, engine=engine, dtype=dtype, device=device,
         batch_size=batch_size, output_format=output_format, save_scores=save_scores, truncate=truncate,
-        fresh=fresh, force=force,
+        max_record_bytes=max_record_bytes, commit_interval=commit_interval, fresh=fresh, force=force,
         select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens),
         score=ScoreConfig(lookahead=lookahead, pool=pool, impl=score_impl),
         generate=GenerateConfig(max_tokens=max_tokens, temperature=temperature, seed=seed),
         fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),
+        vllm=VllmConfig(tp=tp, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                        max_num_batched_tokens=max_num_batched_tokens),
     )
-    s = run_job(cfg, Progress(quiet=STATE.get("quiet", False)))
+    try:
+        s = run_job(cfg, Progress(quiet=STATE.get("quiet", False)))
+    except Interrupted as e:
+        if STATE["debug"]:
+            raise
+        typer.echo(f"spcli: interrupted: {e}", err=True)
+        sys.exit(EXIT_INTERRUPTED)  # not typer.Exit: click returns its code under standalone_mode=False
     kept = 100.0 * s.kept_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
     typer.echo(
         f"done: {s.rows} rows ({s.failed} failed), prompt tokens {s.prompt_tokens}, kept {s.kept_tokens} ({kept:.1f}%), "
@@ -90,10 +109,10 @@ def models() -> None:
     """List model names, what they resolve to, and whether their weights are on this machine."""
     from spcli.models import PRESETS, is_available
 
-    typer.echo(f"{'name':<16} {'source':<42} {'speculator':<12} {'tp':>2} {'dtype':<9} available")
+    typer.echo(f"{'name':<16} {'source':<42} {'speculator':<12} {'tp':>2} {'dtype':<13} available")
     for p in PRESETS.values():
         dtype = p.dtype + ("/" + p.quantization if p.quantization else "")
-        typer.echo(f"{p.name:<16} {p.source:<42} {p.speculator:<12} {p.tp:>2} {dtype:<9} {'yes' if is_available(p.name) else 'no'}")
+        typer.echo(f"{p.name:<16} {p.source:<42} {p.speculator:<12} {p.tp:>2} {dtype:<13} {'yes' if is_available(p.name) else 'no'}")
 
 
 def _register_commands() -> None:
@@ -108,7 +127,8 @@ _register_commands()
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # click returns typer.Exit's code instead of raising it
+        sys.exit(code if isinstance(code, int) else 0)
     except SpcliError as e:
         if STATE["debug"]:
             raise
@@ -119,13 +139,11 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("spcli: interrupted", err=True)
         sys.exit(130)
-    except Exception as e:  # click usage errors have their own exit code
-        import click
-
-        if isinstance(e, click.ClickException):
+    except Exception as e:
+        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):  # click's (or typer's vendored click's) usage errors
             e.show()
             sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
+        if type(e).__name__ == "Abort":
             sys.exit(130)
         if STATE["debug"]:
             raise

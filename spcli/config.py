@@ -77,6 +77,28 @@ class FieldConfig:
 
 
 @dataclass(frozen=True)
+class VllmConfig:
+    """vLLM engine settings (--engine vllm); None = the model preset's value, else vLLM's default.
+
+    None of them changes outputs, so none is fingerprinted.
+    """
+
+    tp: int | None = None  # tensor-parallel size
+    max_model_len: int | None = None  # per-request KV capacity: kept tokens + max_tokens
+    gpu_memory_utilization: float | None = None  # None = computed to leave room for the speculator
+    max_num_batched_tokens: int | None = None  # tokens per scheduler step; small = chunked prefill
+    enforce_eager: bool | None = None  # None = eager on CPU (compiling costs minutes), compiled on GPU
+
+    def __post_init__(self) -> None:
+        _check(self.tp is None or self.tp >= 1, f"--tp must be >= 1, got {self.tp}")
+        _check(self.max_model_len is None or self.max_model_len >= 1, f"--max-model-len must be >= 1, got {self.max_model_len}")
+        _check(self.gpu_memory_utilization is None or 0.0 < self.gpu_memory_utilization <= 1.0,
+               f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        _check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
+               f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     inputs: tuple[str, ...]
     out: str
@@ -89,12 +111,15 @@ class RunConfig:
     output_format: str = "parquet"
     save_scores: bool = False
     truncate: str = "error"
+    max_record_bytes: int = 8 << 20  # longer records become error rows before they are parsed or tokenized
+    commit_interval: float = 10.0  # seconds between commits (0 = after every batch); a stop always commits
     fresh: bool = False
     force: bool = False
     select: SelectConfig = field(default_factory=SelectConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     fields: FieldConfig = field(default_factory=FieldConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
 
     def __post_init__(self) -> None:
         _check(len(self.inputs) > 0, "give at least one INPUT file, glob or directory")
@@ -103,6 +128,8 @@ class RunConfig:
         _check(self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
         _check(self.output_format in OUTPUT_FORMATS, f"--output-format must be one of {', '.join(OUTPUT_FORMATS)}, got {self.output_format!r}")
         _check(self.truncate in TRUNCATE_POLICIES, f"--truncate must be one of {', '.join(TRUNCATE_POLICIES)}, got {self.truncate!r}")
+        _check(self.max_record_bytes >= 1, f"--max-record-bytes must be >= 1, got {self.max_record_bytes}")
+        _check(self.commit_interval >= 0, f"--commit-interval must be >= 0, got {self.commit_interval}")
         _check(not (self.fresh and self.force), "--fresh and --force cannot be used together")
 
     def to_dict(self) -> dict:
@@ -111,7 +138,8 @@ class RunConfig:
     def fingerprint_fields(self) -> dict:
         """Everything that changes outputs (inputs' identity is added by the manifest)."""
         d = self.to_dict()
-        for k in ("inputs", "out", "batch_size", "output_format", "fresh", "force", "device"):
+        for k in ("inputs", "out", "batch_size", "commit_interval", "fresh", "force", "device"):
             d.pop(k)
         d["score"].pop("impl")
+        d.pop("vllm")  # parallelism and memory: same outputs
         return d

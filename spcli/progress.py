@@ -1,57 +1,193 @@
-"""Progress of a run: a live bar on a terminal, plain periodic lines otherwise (Slurm logs)."""
+"""Progress and log lines of a run.
+
+- On a terminal: a live tqdm bar (rows done/total, rows/s, ETA, prompt tokens/s, mean kept %, failed).
+- Otherwise (Slurm logs, pipes): a plain `progress:` line after the first batch, every `interval_s`
+  and at the end.
+- One INFO line per committed batch: "scored N tokens, kept M (x%), speculator a s, base b s".
+- `--log-json`: every log line, progress included, is one JSON object (time, level, logger, message
+  and the numbers as fields); no redrawn bar.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
-from spcli.io.schema import RowResult
+import orjson
+
+from spcli.errors import ConfigError
+
+if TYPE_CHECKING:
+    from spcli.io.schema import RowResult
+
+log = logging.getLogger("spcli")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; numbers passed as `extra={"fields": {...}}` become top-level keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname, "logger": record.name, "message": record.getMessage(),
+        }
+        doc.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str).decode()
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (test runners swap it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def setup_logging(level: str = "INFO", quiet: bool = False, json_lines: bool = False) -> None:
+    """spcli's own loggers at `level` (WARNING with quiet); other libraries' at WARNING; one stderr handler."""
+    level = "WARNING" if quiet else level.upper()
+    if level not in LEVELS:
+        raise ConfigError(f"--log-level must be one of {', '.join(LEVELS)}, got {level!r}")
+    root = logging.getLogger()
+    from tqdm.contrib.logging import _TqdmLoggingHandler  # left behind by a bar that was never closed
+
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, (_StderrHandler, _TqdmLoggingHandler))]
+    handler = _StderrHandler()
+    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter("%(levelname)s %(message)s"))
+    root.addHandler(handler)
+    if root.level == logging.NOTSET or root.level > logging.WARNING:
+        root.setLevel(logging.WARNING)
+    log.setLevel(level)
+
+
+def is_json_logging() -> bool:
+    return any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
+
+
+def batch_line(rows: list[RowResult]) -> tuple[str, dict]:
+    """The per-batch INFO message and its numbers. prefill_s is per batch (the same on each row)."""
+    ok = [r for r in rows if r.error is None]
+    scored = sum(r.num_prompt_tokens for r in ok)
+    kept = sum(r.num_kept_tokens for r in ok)
+    speculate_s = sum(r.speculate_s for r in ok)
+    prefill_s = max((r.prefill_s for r in ok), default=0.0)
+    failed = len(rows) - len(ok)
+    rate = 100.0 * kept / scored if scored else 0.0
+    msg = f"scored {scored} tokens, kept {kept} ({rate:.1f}%), speculator {speculate_s:.1f} s, base {prefill_s:.1f} s"
+    msg += f"; {len(rows)} row{'' if len(rows) == 1 else 's'}" + (f", {failed} failed" if failed else "")
+    fields = {"event": "batch", "rows": len(rows), "failed": failed, "prompt_tokens": scored, "kept_tokens": kept,
+              "kept_pct": round(rate, 2), "speculate_s": round(speculate_s, 4), "prefill_s": round(prefill_s, 4)}
+    return msg, fields
 
 
 class Progress:
     def __init__(self, total: int | None = None, stream=None, interval_s: float = 10.0, quiet: bool = False):
-        self.stream = stream or sys.stderr
+        self._stream = stream
         self.total = total
         self.interval_s = interval_s
         self.quiet = quiet
         self.rows = self.failed = self.prompt_tokens = self.kept_tokens = 0
+        self.done_before = 0  # rows committed by an earlier (resumed) run
         self._bar = None
+        self._redirect = None
+        self._lines = 0
+        self._rows_at_line = 0
         self._t0 = self._last = time.perf_counter()
+
+    @property
+    def stream(self):
+        return self._stream or sys.stderr
 
     def start(self, total: int | None, done: int = 0) -> None:
-        self.total = total
+        """total: rows this run will process (None = unknown); done: rows already committed before it."""
+        self.total, self.done_before = total, done
         self._t0 = self._last = time.perf_counter()
-        if not self.quiet and self.stream.isatty():
-            from tqdm import tqdm
+        if self.quiet or is_json_logging() or not self.stream.isatty():
+            return
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
 
-            self._bar = tqdm(total=total, unit="row", file=self.stream, dynamic_ncols=True)
+        try:
+            size = os.get_terminal_size(self.stream.fileno())
+            has_size = size.columns > 0 and size.lines > 0
+        except (OSError, ValueError, AttributeError):
+            has_size = False  # a pty without a size (e.g. under `script`): tqdm would draw nothing
+        self._bar = tqdm(total=total, unit="row", file=self.stream, smoothing=0.1, dynamic_ncols=has_size,
+                         ncols=None if has_size else 100, nrows=None if has_size else 40)
+        self._redirect = logging_redirect_tqdm(tqdm_class=tqdm)  # log lines print above the bar
+        self._redirect.__enter__()
+
+    def numbers(self) -> dict:
+        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        eta = (self.total - self.rows) * elapsed / self.rows if self.total is not None and self.rows else None
+        return {
+            "event": "progress", "rows": self.rows, "total": self.total, "failed": self.failed,
+            "rows_per_s": round(self.rows / elapsed, 3), "prompt_tokens_per_s": round(self.prompt_tokens / elapsed, 1),
+            "kept_pct": round(100.0 * self.kept_tokens / self.prompt_tokens, 2) if self.prompt_tokens else None,
+            "eta_s": round(eta, 1) if eta is not None else None, "elapsed_s": round(elapsed, 1),
+        }
 
     def stats(self) -> str:
-        elapsed = max(time.perf_counter() - self._t0, 1e-9)
-        kept = 100.0 * self.kept_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        eta = ""
-        if self.total and self.rows:
-            eta = f", ETA {(self.total - self.rows) * elapsed / self.rows:.0f} s"
-        of = f"/{self.total}" if self.total is not None else ""
-        return (f"{self.rows}{of} rows, {self.rows / elapsed:.2f} rows/s, {self.prompt_tokens / elapsed:.0f} prompt tok/s, "
-                f"kept {kept:.1f}%, failed {self.failed}{eta}")
+        n = self.numbers()
+        of = f"/{n['total']}" if n["total"] is not None else ""
+        kept = f"{n['kept_pct']:.1f}%" if n["kept_pct"] is not None else "-"
+        eta = f", ETA {_duration(n['eta_s'])}" if n["eta_s"] is not None else ""
+        return (f"{n['rows']}{of} rows, {n['rows_per_s']:.2f} rows/s, {n['prompt_tokens_per_s']:.0f} prompt tok/s, "
+                f"kept {kept}, failed {n['failed']}{eta}")
 
     def update(self, rows: list[RowResult]) -> None:
+        """Called after each committed batch with its rows."""
         self.rows += len(rows)
         self.failed += sum(r.error is not None for r in rows)
-        self.prompt_tokens += sum(r.num_prompt_tokens for r in rows)
-        self.kept_tokens += sum(r.num_kept_tokens for r in rows)
+        self.prompt_tokens += sum(r.num_prompt_tokens for r in rows if r.error is None)
+        self.kept_tokens += sum(r.num_kept_tokens for r in rows if r.error is None)
+        msg, fields = batch_line(rows)
+        log.info(msg, extra={"fields": fields})
         if self.quiet:
             return
         if self._bar is not None:
-            kept = 100.0 * self.kept_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-            self._bar.set_postfix_str(f"kept {kept:.1f}%, failed {self.failed}", refresh=False)
+            n = self.numbers()
+            kept = f"{n['kept_pct']:.1f}%" if n["kept_pct"] is not None else "-"
+            self._bar.set_postfix_str(f"{_si(n['prompt_tokens_per_s'])} tok/s, kept {kept}, failed {self.failed}",
+                                      refresh=False)
             self._bar.update(len(rows))
-        elif time.perf_counter() - self._last >= self.interval_s:
-            self._last = time.perf_counter()
+        elif self._lines == 0 or time.perf_counter() - self._last >= self.interval_s:
+            self._line()
+
+    def _line(self) -> None:
+        self._last = time.perf_counter()
+        self._lines += 1
+        self._rows_at_line = self.rows
+        if is_json_logging():
+            log.info("progress: %s", self.stats(), extra={"fields": self.numbers()})
+        else:
             print(f"progress: {self.stats()}", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+            self._redirect.__exit__(None, None, None)
+            self._redirect = None
+        elif not self.quiet and self.rows > self._rows_at_line:
+            self._line()  # the final numbers
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+def _si(x: float) -> str:
+    return f"{x / 1e6:.1f}M" if x >= 1e6 else (f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}")

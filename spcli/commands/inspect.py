@@ -1,14 +1,88 @@
-"""`spcli inspect`."""
+"""`spcli inspect`: the summary of a run, one row's kept/dropped prompt, an HTML report, two runs compared."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
 
-from spcli.errors import NotImplementedFeature
+from spcli.errors import ConfigError
+
+HELP = (
+    "Show what a run kept and dropped.\n\n"
+    "Without --id/--row: a summary of the run (rows done/failed/pending, keep rate, prefill work saved, TTFT, "
+    "configuration, errors grouped by message).\n\n"
+    "With --id or --row: that row's prompt re-tokenised with the run's tokenizer; kept tokens shown normally, "
+    "dropped ones dimmed, kept chunks shaded alternately, forced first/last tokens marked, and tokens tinted by "
+    "importance when the run used --save-scores.\n\n"
+    "When stdout is not a terminal the prompt is written with plain markers instead: \\[kept chunk] .dropped. "
+    "{forced}; comparing, \\[kept in both] {A:only in A} {B:only in B} .in neither."
+)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(name="inspect")
-    def _cmd() -> None:
-        """Not implemented yet."""
-        raise NotImplementedFeature("spcli inspect is not implemented yet")
+    @app.command(name="inspect", help=HELP)
+    def _cmd(
+        out: Annotated[Path, typer.Argument(metavar="DIR", help="Output directory of `spcli run`.", show_default=False)],
+        row_id: Annotated[Optional[str], typer.Option("--id", metavar="ID", help="Show the row with this id.")] = None,
+        row: Annotated[Optional[int], typer.Option(metavar="N", help="Show the N-th row of the outputs (0-based, in input order).")] = None,
+        html: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Write a self-contained HTML report (opens offline): the row, or the first --limit rows with a search box.")] = None,
+        limit: Annotated[int, typer.Option(metavar="N", help="Rows listed by --html and --compare.")] = 50,
+        compare: Annotated[Optional[Path], typer.Option(metavar="DIR2", help="Another run's output directory: outputs side by side, whether they match, tokens kept in one and not the other.")] = None,
+        width: Annotated[Optional[int], typer.Option(metavar="COLUMNS", help="Text width. Default: the terminal's.")] = None,
+        color: Annotated[Optional[bool], typer.Option("--color/--no-color", help="Force styles on, or use no colours (bold/dim only). Default: styles on a terminal.", show_default=False)] = None,
+        plain: Annotated[bool, typer.Option("--plain", help="Plain text with \\[kept] .dropped. {forced} markers (default when piped).")] = False,
+        pager: Annotated[Optional[bool], typer.Option("--pager/--no-pager", help="Page long output through less. Default: when longer than the terminal.", show_default=False)] = None,
+    ) -> None:
+        from spcli.inspect import terminal
+        from spcli.inspect.outputs import load_run
+        from spcli.inspect.tokens import load_view
+
+        if row_id is not None and row is not None:
+            raise ConfigError("give --id or --row, not both")
+        if limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {limit}")
+        run = load_run(out)
+        other = load_run(compare) if compare is not None else None
+        console = terminal.make_console(width, color, no_color=color is False)
+        if row is not None:
+            row_id = run.find(index=row)["id"]
+        if html is not None:
+            from spcli.inspect.report import write_report
+
+            write_report(html, run, other, row_id, limit)
+            typer.echo(f"wrote {html}")
+            return
+        is_plain = plain or (color is not True and not console.is_terminal)
+        if row_id is None:
+            if other is None:
+                from spcli.inspect.summary import summarize
+
+                console.print(terminal.summary_renderable(summarize(run)))
+            else:
+                from spcli.inspect.compare import compare_runs
+
+                console.print(terminal.comparison_table(compare_runs(run, other), limit))
+            return
+        if other is not None:
+            from spcli.inspect.compare import diff_view
+
+            view, row_b, runs = diff_view(run, other, row_id)
+            if is_plain:
+                typer.echo(terminal.plain_diff(view, row_b, runs))
+            else:
+                terminal.print_paged(console, terminal.diff_renderable(view, row_b, runs, color is False), pager,
+                                     terminal.num_lines(view, console.width))
+            return
+        found = run.find(row_id=row_id)
+        if found.get("error") is not None:  # nothing was kept: the header says why
+            typer.echo(terminal.header_line(found))
+            return
+        view = load_view(run, found)
+        if is_plain:
+            typer.echo(terminal.plain_row(view))
+            return
+        select = run.config.get("select", {})
+        body = terminal.row_renderable(view, color is False, select.get("keep_first", 0), select.get("keep_last", 0))
+        terminal.print_paged(console, body, pager, terminal.num_lines(view, console.width))

@@ -19,7 +19,7 @@ from spcli.engine.select import is_pruned, select_tokens
 from spcli.engine.speculate import speculate
 from spcli.engine.tokenize import tokenize
 from spcli.errors import RecordError
-from spcli.io.records import Record
+from spcli.io.records import Record, shard_kind, where
 from spcli.io.schema import RowResult
 
 
@@ -70,6 +70,10 @@ class HFEngine:
                 self._speculator = load.load_causal_lm(path, self.dtype, self.device).model
         return self._speculator
 
+    def _where(self, rec: Record) -> str:
+        path = self.shard_paths[rec.shard]
+        return where(path, rec.row, shard_kind(path))
+
     def _error(self, rec: Record, message: str) -> RowResult:
         return RowResult(rec.id, self.shard_paths[rec.shard], rec.row, error=message,
                          custom_id=rec.custom_id, endpoint=rec.endpoint)
@@ -96,7 +100,7 @@ class HFEngine:
             try:
                 ready.append(self._prepare(i, rec))
             except RecordError as e:
-                results[i] = self._error(rec, f"{self.shard_paths[rec.shard]}:row {rec.row}: {e}")
+                results[i] = self._error(rec, f"{self._where(rec)}: {e}")
         if ready:
             for p, r in zip(ready, self._generate(ready, t0)):
                 results[p.index] = r
@@ -115,7 +119,7 @@ class HFEngine:
         except (RuntimeError, MemoryError) as e:
             if len(ready) == 1:
                 rec = ready[0].record
-                return [self._error(rec, f"{self.shard_paths[rec.shard]}:row {rec.row}: model failed: {e}")]
+                return [self._error(rec, f"{self._where(rec)}: model failed: {e}")]
             self.log(f"batch of {len(ready)} failed ({e}); retrying one row at a time")
             return [r for p in ready for r in self._generate([p], time.perf_counter())]
         ttft = time.perf_counter() - t0 - timing.decode_s

@@ -2,16 +2,18 @@
 
 `manifest.json` (or `manifest-task-NNNNN.json` for a Slurm array task) holds the resolved config,
 the fingerprint of everything that changes outputs, and per shard: the next row to read and the
-committed part files. Readers merge every `manifest*.json` in the directory.
+committed part files. Readers merge every `manifest*.json` in the directory. A part file that no
+manifest lists does not exist.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import orjson
@@ -28,12 +30,19 @@ MANIFEST_VERSION = 1
 class ShardProgress:
     path: str
     next_row: int = 0  # rows before this one are committed
-    parts: list[str] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)  # committed part files, spcli schema (Parquet or JSONL)
+    openai_parts: list[str] = field(default_factory=list)  # --output-format openai: response lines, one per part
     rows: int = 0  # committed rows (records)
     failed: int = 0  # committed rows with an error
     prompt_tokens: int = 0
     kept_tokens: int = 0
+    total_rows: int | None = None  # records in the shard, when known (Parquet metadata, JSONL count, or done)
     done: bool = False
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> ShardProgress:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known})
 
 
 def input_identity(shards: list[Shard]) -> list[dict]:
@@ -48,11 +57,14 @@ def fingerprint(fields: dict) -> str:
     return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
-def describe_difference(old: dict, new: dict, prefix: str = "") -> list[str]:
+def describe_difference(old: dict | list, new: dict | list, prefix: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs, dotted paths into nested config."""
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        old, new = dict(enumerate(old)), dict(enumerate(new))
     diffs = []
-    for key in sorted(set(old) | set(new)):
+    for key in sorted(set(old) | set(new), key=str):
         a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
+        if (isinstance(a, dict) and isinstance(b, dict)) or (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)):
             diffs += describe_difference(a, b, f"{prefix}{key}.")
         elif a != b:
             diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
@@ -75,14 +87,18 @@ class Manifest:
         return fingerprint(self.fingerprint_fields)
 
     def committed_parts(self) -> set[str]:
-        return {p for s in self.shards.values() for p in s.parts}
+        return {p for s in self.shards.values() for p in (*s.parts, *s.openai_parts)}
 
     def totals(self) -> dict:
+        """The run's summary: rows in the inputs (None until known), written, failed, tokens, wall time."""
         s = self.shards.values()
+        totals = [x.total_rows for x in s]
+        rows, failed = sum(x.rows for x in s), sum(x.failed for x in s)
         return {
-            "rows": sum(x.rows for x in s), "failed": sum(x.failed for x in s),
+            "rows_total": sum(totals) if None not in totals else None,
+            "rows": rows, "rows_ok": rows - failed, "failed": failed,
             "prompt_tokens": sum(x.prompt_tokens for x in s), "kept_tokens": sum(x.kept_tokens for x in s),
-            "shards": len(self.shards), "shards_done": sum(x.done for x in s),
+            "wall_s": round(self.wall_s, 3), "shards": len(self.shards), "shards_done": sum(x.done for x in s),
         }
 
     def to_json(self) -> bytes:
@@ -102,11 +118,11 @@ class Manifest:
     def load(cls, path: Path) -> Manifest:
         try:
             doc = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as e:
-            raise OutputError(f"{path}: manifest is unreadable ({e}); use --fresh to start over") from e
-        shards = {int(i): ShardProgress(**p) for i, p in doc["shards"].items()}
-        return cls(path, doc["config"], doc["fingerprint_fields"], shards, doc.get("task"),
-                   doc.get("started", time.time()), doc.get("wall_s", 0.0), doc.get("finished", False))
+            shards = {int(i): ShardProgress.from_doc(p) for i, p in doc["shards"].items()}
+            return cls(path, doc["config"], doc["fingerprint_fields"], shards, doc.get("task"),
+                       doc.get("started", time.time()), doc.get("wall_s", 0.0), doc.get("finished", False))
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+            raise OutputError(f"{path}: manifest is unreadable ({type(e).__name__}: {e}); rerun with --fresh to start over") from e
 
 
 def manifest_name(task_index: int | None) -> str:
@@ -125,51 +141,79 @@ def read_manifests(out: Path) -> list[dict]:
 
 
 class WriterLock:
-    """One writer per directory (per Slurm task): `.lock[-task-N]` holding host, pid and job id."""
+    """One writer per directory (per Slurm task): `.lock[-task-N]` holding host, pid and job id.
+
+    The holder keeps an flock on the file, which the kernel drops when the process dies in any way
+    (SIGKILL included), so a lock whose flock is free is stale whatever pid it names. Where the file
+    system has no flock, a lock naming a dead pid on this host is stale. A lock from another host
+    is only taken over by the same Slurm job (a requeue), since its pid cannot be checked from here.
+    """
 
     def __init__(self, out: Path, task_index: int | None, warn=print):
         self.path = out / (".lock" if task_index is None else f".lock-task-{task_index:05d}")
         self.warn = warn
         self.held = False
+        self._fd: int | None = None
 
     def acquire(self) -> None:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "job": os.environ.get("SLURM_JOB_ID"), "time": time.time()}
-        for _ in range(2):
+        for _ in range(20):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = self._owner()
-                if owner is not None and not self._is_stale(owner, me):
-                    raise OutputError(
-                        f"{self.path.parent}: another spcli run writes here (host {owner.get('host')}, pid {owner.get('pid')}); "
-                        f"wait for it, or remove {self.path} if that run is gone"
-                    ) from None
-                self.warn(f"taking over a stale lock {self.path} (host {owner.get('host') if owner else '?'}, pid {owner.get('pid') if owner else '?'})")
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "wb") as f:
-                f.write(orjson.dumps(me))
-                f.flush()
-                os.fsync(f.fileno())
-            self.held = True
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise OutputError(f"{self.path.parent}: output directory is not writable ({e.strerror})") from e
+            try:
+                has_flock = _try_flock(fd)
+                if has_flock is False:
+                    raise self._busy(self._owner(fd))
+                if not _same_file(fd, self.path):
+                    os.close(fd)
+                    continue  # its holder released (unlinked) it while we opened it: start again
+                owner = self._owner(fd)
+                if owner is not None and owner.get("pid") is not None:
+                    if not self._is_stale(owner, me, has_flock is None):
+                        raise self._busy(owner)
+                    self.warn(f"taking over a stale lock {self.path} (host {owner.get('host')}, pid {owner.get('pid')})")
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, orjson.dumps(me), 0)
+                os.fsync(fd)
+            except OSError as e:
+                os.close(fd)
+                raise OutputError(f"{self.path.parent}: output directory is not writable ({e.strerror})") from e
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd, self.held = fd, True
             return
-        raise OutputError(f"{self.path}: could not take the lock")
+        raise OutputError(f"{self.path}: could not take the lock (it keeps changing); is another run starting here?")
 
-    def _owner(self) -> dict | None:
-        try:
-            return orjson.loads(self.path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            return None  # half-written lock: its writer died while creating it
+    def _busy(self, owner: dict | None) -> OutputError:
+        owner = owner or {}
+        return OutputError(
+            f"{self.path.parent}: another spcli run writes here (host {owner.get('host', '?')}, pid {owner.get('pid', '?')}); "
+            f"wait for it, or remove {self.path} if that run is gone"
+        )
 
     @staticmethod
-    def _is_stale(owner: dict, me: dict) -> bool:
+    def _owner(fd: int) -> dict | None:
+        try:
+            data = os.pread(fd, 1 << 16, 0)
+            owner = orjson.loads(data) if data else None
+            return owner if isinstance(owner, dict) else None
+        except (OSError, orjson.JSONDecodeError):
+            return None
+
+    @staticmethod
+    def _is_stale(owner: dict, me: dict, pid_only: bool) -> bool:
         if owner.get("job") and owner.get("job") == me["job"]:
             return True  # the same Slurm job, requeued: its earlier attempt is gone
         if owner.get("host") != me["host"]:
             return False
+        if not pid_only:
+            return True  # we hold the flock: whoever wrote this lock is gone
         pid = owner.get("pid")
         if not isinstance(pid, int) or pid == me["pid"]:
-            return pid == me["pid"]
+            return True
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -179,6 +223,34 @@ class WriterLock:
         return False
 
     def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
-            self.held = False
+        if not self.held:
+            return
+        try:
+            if _same_file(self._fd, self.path):
+                self.path.unlink(missing_ok=True)  # unlink before unlocking: nobody can lock a file about to vanish
+        finally:
+            os.close(self._fd)
+            self._fd, self.held = None, False
+
+
+def _try_flock(fd: int) -> bool | None:
+    """True: locked; False: another process holds it; None: this file system has no flock."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return None
+        raise
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

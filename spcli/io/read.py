@@ -1,4 +1,9 @@
-"""Stream records from JSONL (plain or gzip) and Parquet shards, starting at a given row."""
+"""Stream records from JSONL (plain or gzip) and Parquet shards, starting at a given row.
+
+File-level problems (unreadable, not the format its name says, truncated compression, a Parquet
+file without the prompt column) raise `InputError`; everything wrong with one record becomes an
+error row. A line is never held in memory beyond `max_record_bytes`.
+"""
 
 from __future__ import annotations
 
@@ -12,47 +17,115 @@ import pyarrow.parquet as pq
 
 from spcli.config import FieldConfig
 from spcli.errors import InputError
-from spcli.io.records import Record, Shard, shard_kind, to_record
+from spcli.io.records import Record, Shard, bad_record, shard_kind, to_record
 
 PARQUET_BATCH_ROWS = 1024
+PARQUET_BUFFER_BYTES = 1 << 20  # stream column chunks page by page: memory stays flat with row-group size
+DRAIN_BYTES = 1 << 20
+GZIP_MAGIC = b"\x1f\x8b"
+PARQUET_MAGIC = b"PAR1"
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def read_records(shard: Shard, fields: FieldConfig, start_row: int = 0) -> Iterator[Record]:
+def read_records(shard: Shard, fields: FieldConfig, start_row: int = 0, max_record_bytes: int = 8 << 20) -> Iterator[Record]:
     """Yield the shard's records from `start_row` on, in order; bad records carry `error`."""
     kind = shard_kind(shard.path)
     if kind == "parquet":
-        yield from _read_parquet(shard, fields, start_row)
+        yield from _read_parquet(shard, fields, start_row, max_record_bytes)
     else:
-        yield from _read_jsonl(shard, fields, start_row, kind)
+        yield from _read_jsonl(shard, fields, start_row, kind, max_record_bytes)
 
 
-def _read_jsonl(shard: Shard, fields: FieldConfig, start_row: int, kind: str) -> Iterator[Record]:
+def check_shard(shard: Shard, fields: FieldConfig) -> str | None:
+    """Cheap checks before any model is loaded: raises InputError, or returns a warning (empty file)."""
+    kind = shard_kind(shard.path)
+    try:
+        with open(shard.path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
+    if kind == "parquet":
+        if not head:
+            raise InputError(f"{shard.path}: empty file (0 bytes), not a Parquet file")
+        pf = _open_parquet(shard)
+        parquet_columns(pf, shard, fields)
+        return f"{shard.path}: Parquet file has no rows" if pf.metadata.num_rows == 0 else None
+    if not head:
+        return f"{shard.path}: empty file (no records)"
+    if kind == "jsonl.gz" and not head.startswith(GZIP_MAGIC):
+        raise InputError(f"{shard.path}: not a gzip file (name it .jsonl if it is plain text)")
+    if kind == "jsonl" and head.startswith(GZIP_MAGIC):
+        raise InputError(f"{shard.path}: file is gzip-compressed; name it .jsonl.gz")
+    if kind == "jsonl" and head == PARQUET_MAGIC:
+        raise InputError(f"{shard.path}: file is Parquet; name it .parquet")
+    if kind == "jsonl" and _first_line(shard.path) in (b"[", b"{"):
+        raise InputError(f"{shard.path}: pretty-printed JSON, not JSON Lines (one record per line)")
+    return None
+
+
+def _first_line(path: str) -> bytes:
+    with open(path, "rb") as f:
+        for line in iter(lambda: f.readline(1 << 16), b""):
+            if line.strip():
+                return line.strip().lstrip(UTF8_BOM)
+    return b""
+
+
+def _lines(f, limit: int) -> Iterator[tuple[int, bytes | None, int]]:
+    """(line index, line or None when longer than `limit`, its size in bytes)."""
+    row = 0
+    while line := f.readline(limit + 1):
+        if len(line) > limit and not line.endswith(b"\n"):
+            size = len(line)
+            while (chunk := f.readline(DRAIN_BYTES)) and not chunk.endswith(b"\n"):
+                size += len(chunk)
+            size += len(chunk) - (1 if chunk.endswith(b"\n") else 0)
+            yield row, None, size
+        else:
+            yield row, line, len(line)
+        row += 1
+
+
+def _read_jsonl(shard: Shard, fields: FieldConfig, start_row: int, kind: str, limit: int) -> Iterator[Record]:
     opener = gzip.open if kind == "jsonl.gz" else open
     try:
         with opener(shard.path, "rb") as f:
-            for row, line in enumerate(f):
+            for row, line, size in _lines(f, limit):
                 if row < start_row:
                     continue
+                if line is None:
+                    yield bad_record(shard, row, f"record is {size} bytes, more than --max-record-bytes {limit}")
+                    continue
+                if row == 0 and line.startswith(UTF8_BOM):
+                    line = line[len(UTF8_BOM):]
                 if not line.strip():
                     continue  # blank lines are not records
+                line = line.rstrip(b"\r\n")
                 try:
                     obj = orjson.loads(line)
                 except orjson.JSONDecodeError as e:
-                    where = f"{shard.path}:line {row + 1}"
-                    try:
-                        line.decode("utf-8")
-                        reason = f"malformed JSON ({e.msg} at column {e.colno})"
-                    except UnicodeDecodeError as u:
-                        reason = f"invalid UTF-8 at byte {u.start}"
-                    rec = Record(shard.index, row, f"{shard.path.rsplit('/', 1)[-1].split('.')[0]}:{row}")
-                    rec.error = f"{where}: {reason}"
-                    yield rec
+                    yield bad_record(shard, row, _json_problem(line, e))
                     continue
                 yield to_record(obj, shard, row, kind, fields)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise InputError(f"{shard.path}: compressed file is truncated or corrupt ({e})") from e
     except OSError as e:
-        raise InputError(f"{shard.path}: cannot read ({e})") from e
+        raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
+
+
+def _json_problem(line: bytes, e: orjson.JSONDecodeError) -> str:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as u:
+        return f"invalid UTF-8 at byte {u.start}"
+    return f"malformed JSON ({e.msg} at column {e.pos + 1})"
+
+
+def _open_parquet(shard: Shard) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(shard.path, buffer_size=PARQUET_BUFFER_BYTES)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{shard.path}: not a readable Parquet file ({e})") from e
 
 
 def parquet_columns(pf: pq.ParquetFile, shard: Shard, fields: FieldConfig) -> list[str]:
@@ -60,31 +133,67 @@ def parquet_columns(pf: pq.ParquetFile, shard: Shard, fields: FieldConfig) -> li
     if fields.prompt not in names and fields.messages not in names:
         raise InputError(f"{shard.path}: Parquet file has no {fields.prompt!r} or {fields.messages!r} column (columns: {', '.join(sorted(names))})")
     wanted = [fields.id, fields.prompt, fields.messages, "max_tokens", "keep", "temperature"]
-    return [c for c in wanted if c in names]
+    return list(dict.fromkeys(c for c in wanted if c in names))
 
 
-def _read_parquet(shard: Shard, fields: FieldConfig, start_row: int) -> Iterator[Record]:
+def _record_bytes(obj: dict, fields: FieldConfig, limit: int) -> int:
+    """UTF-8 size of a row's prompt or message contents (exact only where it could exceed `limit`)."""
+    texts = [obj.get(fields.prompt)]
+    if isinstance(obj.get(fields.messages), list):
+        texts += [m.get("content") for m in obj[fields.messages] if isinstance(m, dict)]
+    texts = [t for t in texts if isinstance(t, (str, bytes))]
+    size = sum(len(t) for t in texts)
+    if 4 * size <= limit:  # a character is at most 4 bytes
+        return size
+    return sum(len(t) if isinstance(t, bytes) else len(t.encode("utf-8", "surrogatepass")) for t in texts)
+
+
+def _rows(batch: pa.RecordBatch) -> Iterator[dict | str]:
+    """A batch's rows as dicts; a row whose strings are not valid UTF-8 comes as the problem's text."""
     try:
-        pf = pq.ParquetFile(shard.path)
-        columns = parquet_columns(pf, shard, fields)
-        first_row = 0
-        groups = []
-        for g in range(pf.num_row_groups):
-            rows = pf.metadata.row_group(g).num_rows
-            if first_row + rows > start_row:
-                groups.append(g)
-            else:
-                first_row += rows
-        if not groups:
+        yield from batch.to_pylist()
+    except UnicodeDecodeError:
+        for i in range(batch.num_rows):
+            try:
+                yield batch.slice(i, 1).to_pylist()[0]
+            except UnicodeDecodeError as u:
+                yield f"invalid UTF-8 at byte {u.start} of a string column"
+
+
+def _read_parquet(shard: Shard, fields: FieldConfig, start_row: int, limit: int) -> Iterator[Record]:
+    pf = _open_parquet(shard)
+    columns = parquet_columns(pf, shard, fields)
+    first = 0  # first row of row group g
+    for g in range(pf.num_row_groups):
+        num_rows = pf.metadata.row_group(g).num_rows
+        if first + num_rows > start_row:
+            yield from _read_row_group(pf, g, first, num_rows, columns, shard, fields, start_row, limit)
+        first += num_rows
+
+
+def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, columns: list[str], shard: Shard,
+                    fields: FieldConfig, start_row: int, limit: int) -> Iterator[Record]:
+    row = first
+    batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[g], columns=columns, use_threads=False)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"{shard.path}: corrupt Parquet data in row group {g} (rows {first}-{first + num_rows - 1}): {e}") from e
+        if batch is None:
             return
-        row = first_row
-        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=columns):
-            for obj in batch.to_pylist():
-                if row >= start_row:
+        if row + batch.num_rows <= start_row:
+            row += batch.num_rows
+            continue
+        for obj in _rows(batch):
+            if row >= start_row:
+                if isinstance(obj, str):
+                    yield bad_record(shard, row, obj)
+                elif (size := _record_bytes(obj, fields, limit)) > limit:
+                    yield bad_record(shard, row, f"record is {size} bytes, more than --max-record-bytes {limit}")
+                else:
                     yield to_record({k: v for k, v in obj.items() if v is not None}, shard, row, "parquet", fields)
-                row += 1
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise InputError(f"{shard.path}: not a readable Parquet file ({e})") from e
+            row += 1
 
 
 def count_rows(shard: Shard) -> int | None:
@@ -96,6 +205,6 @@ def count_rows(shard: Shard) -> int | None:
         if kind == "jsonl":
             with open(shard.path, "rb") as f:
                 return sum(1 for line in f if line.strip())
-    except (OSError, pa.ArrowInvalid):
+    except (OSError, pa.ArrowException):
         return None
     return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +14,18 @@ from spcli.errors import InputError, RecordError
 
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
 ROLES = ("system", "user", "assistant", "tool", "developer")
+OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 
 
 @dataclass(frozen=True)
 class Shard:
     index: int  # position in the run's shard list: names part files, stable across Slurm tasks
     path: str
+    name: str = ""  # prefix of generated ids "<name>:<row>": the file stem, or a relative path where stems collide
+
+    @property
+    def id_prefix(self) -> str:
+        return self.name or Path(self.path).name.split(".")[0]
 
 
 @dataclass
@@ -32,7 +39,7 @@ class Record:
     keep: float | None = None
     temperature: float | None = None
     custom_id: str | None = None  # OpenAI batch request lines
-    endpoint: str | None = None  # "/v1/chat/completions" | "/v1/completions"
+    endpoint: str | None = None  # "/v1/chat/completions" (messages) | "/v1/completions" (prompt)
     error: str | None = None  # set when the record is bad: it becomes an error row
 
 
@@ -44,14 +51,23 @@ def shard_kind(path: str) -> str | None:
     return None
 
 
-def discover(inputs: tuple[str, ...] | list[str]) -> list[Shard]:
-    """Files, globs and directories -> ordered shards (each directory and glob sorted by name)."""
+def _is_shard_file(p: Path, exclude: Path | None) -> bool:
+    if not p.is_file() or p.name.startswith(".") or not shard_kind(str(p)):
+        return False
+    return exclude is None or exclude not in p.resolve().parents
+
+
+def discover(inputs: tuple[str, ...] | list[str], exclude: str | Path | None = None) -> list[Shard]:
+    """Files, globs and directories -> ordered shards (each directory and glob sorted by name).
+
+    Files under `exclude` (the output directory) are never inputs, so `spcli run data/ --out data/out`
+    does not read its own parts back on a rerun.
+    """
+    ex = Path(exclude).resolve() if exclude is not None else None
     paths: list[str] = []
     for item in inputs:
         if os.path.isdir(item):
-            found = sorted(
-                str(p) for p in Path(item).rglob("*") if p.is_file() and shard_kind(str(p)) and not p.name.startswith(".")
-            )
+            found = sorted(str(p) for p in Path(item).rglob("*") if _is_shard_file(p, ex))
             if not found:
                 raise InputError(f"{item}: directory has no shards (*.jsonl, *.jsonl.gz, *.parquet)")
             paths.extend(found)
@@ -60,20 +76,40 @@ def discover(inputs: tuple[str, ...] | list[str]) -> list[Shard]:
                 raise InputError(f"{item}: not a shard (expected .jsonl, .jsonl.gz or .parquet)")
             paths.append(item)
         elif glob.has_magic(item):
-            found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p) and shard_kind(p))
+            found = sorted(p for p in glob.glob(item, recursive=True) if _is_shard_file(Path(p), ex))
             if not found:
                 raise InputError(f"{item}: glob matches no shards")
             paths.extend(found)
         else:
             raise InputError(f"{item}: no such file or directory")
-    seen: dict[str, None] = {}
-    for p in paths:
-        seen.setdefault(os.path.abspath(p), None)
-    return [Shard(i, p) for i, p in enumerate(seen)]
+    unique = list(dict.fromkeys(os.path.abspath(p) for p in paths))
+    return [Shard(i, p, name) for i, (p, name) in enumerate(zip(unique, id_prefixes(unique)))]
 
 
-def _where(shard_path: str, row: int, kind: str) -> str:
-    return f"{shard_path}:{'row' if kind == 'parquet' else 'line'} {row + 1 if kind != 'parquet' else row}"
+def id_prefixes(paths: list[str]) -> list[str]:
+    """File stems, made unique where two shards share one (a/train.jsonl, b/train.jsonl -> a/train, b/train)."""
+    stems = [Path(p).name.split(".")[0] for p in paths]
+    if len(set(stems)) == len(stems):
+        return stems
+    root = os.path.commonpath([os.path.dirname(p) for p in paths])
+    counts = {s: stems.count(s) for s in stems}
+    out = []
+    for p, s in zip(paths, stems):
+        rel = os.path.relpath(os.path.dirname(p), root)
+        out.append(s if counts[s] == 1 or rel == "." else f"{rel}/{s}")
+    if len(set(out)) < len(out):  # train.jsonl beside train.jsonl.gz: the whole relative name
+        out = [os.path.relpath(p, root) for p in paths]
+    return out
+
+
+def where(shard_path: str, row: int, kind: str | None) -> str:
+    """`file:line N` (1-based, JSONL) or `file:row N` (0-based, Parquet): how errors name a record."""
+    return f"{shard_path}:row {row}" if kind == "parquet" else f"{shard_path}:line {row + 1}"
+
+
+def bad_record(shard: Shard, row: int, message: str) -> Record:
+    """An error row for a record that could not even be decoded."""
+    return Record(shard.index, row, f"{shard.id_prefix}:{row}", error=f"{where(shard.path, row, shard_kind(shard.path))}: {message}")
 
 
 def _check_messages(value: Any, field: str) -> list[dict]:
@@ -89,35 +125,55 @@ def _check_messages(value: Any, field: str) -> list[dict]:
     return value
 
 
-def _number(obj: dict, key: str, kind: type, lo: float, hi: float, field: str) -> Any:
+def _number(obj: dict, key: str, kind: type, lo: float, hi: float, field: str, open_low: bool = False) -> Any:
     value = obj.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and int(value) != value):
+    bad_type = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    if bad_type or (kind is int and int(value) != value):
         raise RecordError(f"field {field!r} must be a{'n integer' if kind is int else ' number'}, got {value!r}")
-    if not lo <= value <= hi:
-        raise RecordError(f"field {field!r} must be in [{lo}, {hi}], got {value!r}")
+    if not ((lo < value) if open_low else (lo <= value)) or not value <= hi:
+        raise RecordError(f"field {field!r} must be in {'(' if open_low else '['}{lo}, {hi}], got {value!r}")
     return kind(value)
+
+
+def _openai_request(obj: dict, rec: Record) -> dict:
+    """Check an OpenAI batch request line's envelope; returns its body."""
+    custom_id = obj["custom_id"]
+    if not isinstance(custom_id, (str, int)) or isinstance(custom_id, bool) or str(custom_id) == "":
+        raise RecordError(f"field 'custom_id' must be a non-empty string, got {custom_id!r}")
+    rec.custom_id = rec.id = str(custom_id)
+    method = obj.get("method", "POST")
+    if method != "POST":
+        raise RecordError(f"field 'method' must be POST, got {method!r}")
+    rec.endpoint = obj.get("url") or "/v1/chat/completions"
+    if rec.endpoint not in OPENAI_ENDPOINTS:
+        raise RecordError(f"field 'url' must be /v1/chat/completions or /v1/completions, got {rec.endpoint!r}")
+    body = obj["body"]
+    if not isinstance(body, dict):
+        raise RecordError(f"field 'body' must be an object, got {type(body).__name__}")
+    if body.get("n", 1) != 1:
+        raise RecordError(f"field 'body.n' must be 1 (one completion per request), got {body.get('n')!r}")
+    if body.get("stream"):
+        raise RecordError("field 'body.stream' must be false in a batch")
+    return body
 
 
 def to_record(obj: Any, shard: Shard, row: int, kind: str, fields: FieldConfig) -> Record:
     """Validate one decoded record; a problem becomes `Record.error` naming file, row and field."""
-    stem = Path(shard.path).name.split(".")[0]
-    default_id = f"{stem}:{row}"
-    rec = Record(shard.index, row, default_id)
-    where = _where(shard.path, row, kind)
+    rec = Record(shard.index, row, f"{shard.id_prefix}:{row}")
     try:
         if not isinstance(obj, dict):
             raise RecordError(f"record must be a JSON object, got {type(obj).__name__}")
-        if "custom_id" in obj and isinstance(obj.get("body"), dict):  # OpenAI batch request line
-            rec.custom_id = str(obj["custom_id"])
-            rec.id = rec.custom_id
-            rec.endpoint = obj.get("url") or "/v1/chat/completions"
-            if rec.endpoint not in ("/v1/chat/completions", "/v1/completions"):
-                raise RecordError(f"field 'url' must be /v1/chat/completions or /v1/completions, got {rec.endpoint!r}")
-            body = obj["body"]
-            src, prompt_key, messages_key = body, "prompt", "messages"
-            max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        if "custom_id" in obj and "body" in obj:  # OpenAI batch request line
+            src = _openai_request(obj, rec)
+            prompt_key, messages_key = "prompt", "messages"
+            max_key = "max_completion_tokens" if src.get("max_completion_tokens") is not None else "max_tokens"
+            chat = rec.endpoint == "/v1/chat/completions"
+            if chat and src.get("prompt") is not None and src.get("messages") is None:
+                raise RecordError("a /v1/chat/completions request needs 'body.messages', not 'body.prompt'")
+            if not chat and src.get("messages") is not None and src.get("prompt") is None:
+                raise RecordError("a /v1/completions request needs 'body.prompt', not 'body.messages'")
         else:
             src, prompt_key, messages_key, max_key = obj, fields.prompt, fields.messages, "max_tokens"
             raw_id = obj.get(fields.id)
@@ -131,6 +187,7 @@ def to_record(obj: Any, shard: Shard, row: int, kind: str, fields: FieldConfig) 
             raise RecordError(f"record has both {prompt_key!r} and {messages_key!r}; give one")
         if has_messages:
             rec.messages = _check_messages(src[messages_key], messages_key)
+            rec.endpoint = rec.endpoint or "/v1/chat/completions"
         elif has_prompt:
             prompt = src[prompt_key]
             if not isinstance(prompt, str):
@@ -138,13 +195,12 @@ def to_record(obj: Any, shard: Shard, row: int, kind: str, fields: FieldConfig) 
             if not prompt.strip():
                 raise RecordError(f"field {prompt_key!r} is empty")
             rec.prompt = prompt
+            rec.endpoint = rec.endpoint or "/v1/completions"
         else:
             raise RecordError(f"field {prompt_key!r} (or {messages_key!r}) is missing or null")
         rec.max_tokens = _number(src, max_key, int, 1, 1 << 20, max_key)
-        rec.keep = _number(src, "keep", float, 1e-9, 1.0, "keep")
-        if rec.keep is not None and rec.keep <= 0:
-            raise RecordError(f"field 'keep' must be in (0, 1], got {rec.keep}")
-        rec.temperature = _number(src, "temperature", float, 0.0, 100.0, "temperature")
+        rec.keep = _number(src, "keep", float, 0, 1, "keep", open_low=True)
+        rec.temperature = _number(src, "temperature", float, 0, 100, "temperature")
     except RecordError as e:
-        rec.error = f"{where}: {e}"
+        rec.error = f"{where(shard.path, row, kind)}: {e}"
     return rec

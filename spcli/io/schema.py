@@ -49,6 +49,7 @@ def output_schema(save_scores: bool) -> pa.Schema:
         pa.field("prefill_s", pa.float64()),
         pa.field("decode_s", pa.float64()),
         pa.field("error", pa.string()),
+        pa.field("custom_id", pa.string()),  # OpenAI batch requests: the key of the response lines
     ]
     if save_scores:
         fields.append(pa.field("importance", pa.list_(pa.float32())))
@@ -61,7 +62,7 @@ def to_dict(r: RowResult, save_scores: bool) -> dict:
         "num_prompt_tokens": r.num_prompt_tokens, "num_kept_tokens": r.num_kept_tokens,
         "keep_rate": r.keep_rate, "num_output_tokens": r.num_output_tokens,
         "kept_indices": r.kept_indices, "ttft_s": r.ttft_s, "speculate_s": r.speculate_s,
-        "prefill_s": r.prefill_s, "decode_s": r.decode_s, "error": r.error,
+        "prefill_s": r.prefill_s, "decode_s": r.decode_s, "error": r.error, "custom_id": r.custom_id,
     }
     if save_scores:
         d["importance"] = r.importance

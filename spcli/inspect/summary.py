@@ -1,0 +1,122 @@
+"""Run-level numbers for `spcli inspect DIR`: progress, keep rate, prefill work saved, TTFT, errors."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from spcli.inspect.outputs import RunOutputs
+from spcli.io.read import count_rows
+from spcli.io.records import Shard
+
+KEEP_BINS = 10  # keep-rate histogram: [0, 10%), [10%, 20%), ..., [90%, 100%]
+_WHERE = re.compile(r"^(?:.*?:(?:line|row) \d+: )+")  # "file.jsonl:line 3: " prefixes of error rows
+
+
+@dataclass
+class ErrorGroup:
+    message: str  # the error without its file:line prefix
+    count: int
+    example: str  # one full message, location included
+
+
+@dataclass
+class Summary:
+    out: str
+    is_finished: bool
+    num_rows: int  # committed rows, failed included
+    num_failed: int
+    num_pending: int | None  # input rows not yet committed; None when a shard cannot be counted cheaply
+    num_shards: int
+    num_shards_done: int
+    num_prompt_tokens: int  # over rows without error
+    num_kept_tokens: int
+    keep_mean: float | None  # mean of per-row keep rates
+    keep_quantiles: dict[str, float] = field(default_factory=dict)  # min, p10, p50, p90, max
+    keep_histogram: list[int] = field(default_factory=list)  # [KEEP_BINS] rows per 10% bin
+    ttft_quantiles: dict[str, float] = field(default_factory=dict)  # p50, p90, p99, max, seconds
+    speculate_s: float = 0.0  # summed over rows
+    wall_s: float = 0.0
+    config: dict = field(default_factory=dict)  # model, speculator, keep, lookahead, chunk, pool, ...
+    errors: list[ErrorGroup] = field(default_factory=list)  # most frequent first
+
+    @property
+    def num_saved_tokens(self) -> int:
+        return self.num_prompt_tokens - self.num_kept_tokens
+
+    @property
+    def saved_fraction(self) -> float | None:
+        return self.num_saved_tokens / self.num_prompt_tokens if self.num_prompt_tokens else None
+
+
+def resolved_config(cfg: dict) -> dict:
+    """The settings that decide what was kept, flattened for display (in this order)."""
+    select, score, gen = cfg.get("select", {}), cfg.get("score", {}), cfg.get("generate", {})
+    return {
+        "model": cfg.get("model"), "speculator": cfg.get("speculator") or "(model default)",
+        "engine": cfg.get("engine"), "keep": select.get("keep"), "lookahead": score.get("lookahead"),
+        "chunk": select.get("chunk"), "pool": score.get("pool"), "keep_first": select.get("keep_first"),
+        "keep_last": select.get("keep_last"), "min_tokens": select.get("min_tokens"),
+        "max_tokens": gen.get("max_tokens"), "temperature": gen.get("temperature"),
+        "save_scores": cfg.get("save_scores"),
+    }
+
+
+def group_errors(messages: list[str]) -> list[ErrorGroup]:
+    counts: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for m in messages:
+        key = _WHERE.sub("", m)
+        counts[key] += 1
+        examples.setdefault(key, m)
+    return [ErrorGroup(k, n, examples[k]) for k, n in counts.most_common()]
+
+
+def _quantiles(values: np.ndarray, names: dict[str, float]) -> dict[str, float]:
+    if values.size == 0:
+        return {}
+    return {k: float(np.quantile(values, q)) for k, q in names.items()}
+
+
+def _pending(run: RunOutputs) -> int | None:
+    pending = 0
+    for s in run.shards:
+        if s.get("done"):
+            continue
+        total = s.get("total_rows")
+        if total is None:
+            total = count_rows(Shard(0, s["path"]))
+        if total is None:
+            return None
+        pending += max(0, total - s.get("rows", 0))
+    return pending
+
+
+def summarize(run: RunOutputs) -> Summary:
+    t = run.table(["num_prompt_tokens", "num_kept_tokens", "keep_rate", "ttft_s", "speculate_s", "error"])
+    error = t.column("error").to_pylist()
+    ok = np.array([e is None for e in error], dtype=bool)  # [rows]
+    prompt = np.asarray(t.column("num_prompt_tokens").to_numpy(zero_copy_only=False), dtype=np.int64)[ok]
+    kept = np.asarray(t.column("num_kept_tokens").to_numpy(zero_copy_only=False), dtype=np.int64)[ok]
+    keep = np.asarray(t.column("keep_rate").to_numpy(zero_copy_only=False), dtype=np.float64)[ok]
+    keep = keep[~np.isnan(keep)]
+    ttft = np.asarray(t.column("ttft_s").to_numpy(zero_copy_only=False), dtype=np.float64)[ok]
+    ttft = ttft[~np.isnan(ttft)]
+    spec = np.asarray(t.column("speculate_s").to_numpy(zero_copy_only=False), dtype=np.float64)
+    bins = np.minimum((keep * KEEP_BINS).astype(np.int64), KEEP_BINS - 1)
+    return Summary(
+        out=str(run.out), is_finished=run.is_finished, num_rows=t.num_rows, num_failed=int((~ok).sum()),
+        num_pending=_pending(run), num_shards=len(run.shards),
+        num_shards_done=sum(bool(s.get("done")) for s in run.shards),
+        num_prompt_tokens=int(prompt.sum()), num_kept_tokens=int(kept.sum()),
+        keep_mean=float(keep.mean()) if keep.size else None,
+        keep_quantiles=_quantiles(keep, {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}),
+        keep_histogram=np.bincount(bins, minlength=KEEP_BINS).tolist(),
+        ttft_quantiles=_quantiles(ttft, {"p50": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}),
+        speculate_s=float(np.nansum(spec)), wall_s=max((m.get("wall_s", 0.0) for m in run.manifests), default=0.0),
+        config=resolved_config(run.config),
+        errors=group_errors([e for e in error if e is not None]),
+    )

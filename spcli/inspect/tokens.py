@@ -1,0 +1,175 @@
+"""One row's prompt re-tokenised with the run's tokenizer, each token marked kept, forced or dropped.
+
+Rendering works on runs (maximal stretches of tokens shown alike), never one element per token,
+so a 32k-token prompt stays a few hundred spans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from spcli.config import FieldConfig
+from spcli.engine.tokenize import tokenize
+from spcli.errors import InputError, OutputError, RecordError
+from spcli.inspect.outputs import RunOutputs
+from spcli.io.read import read_records
+from spcli.io.records import Record, Shard
+
+KEPT, FORCED, DROPPED = "kept", "forced", "dropped"
+
+
+@dataclass
+class TokenView:
+    row: dict  # the output row (id, output, num_prompt_tokens, kept_indices, ...)
+    pieces: list[str]  # [n] text of each prompt token; "".join(pieces) is the decoded prompt
+    is_kept: np.ndarray  # [n] bool
+    is_forced: np.ndarray  # [n] bool, the first keep_first / last keep_last tokens of a pruned prompt
+    importance: np.ndarray | None  # [n] float32, when the run saved scores for this row
+    chunk: int  # tokens per selection chunk
+    warning: str | None = None  # e.g. the input changed since the run
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.pieces)
+
+
+@dataclass
+class Run:
+    start: int  # first token index
+    end: int  # one past the last
+    state: str  # KEPT | FORCED | DROPPED
+    chunk_index: int | None  # the selection chunk of a kept run (kept runs never cross chunks)
+    text: str
+
+
+def token_runs(view: TokenView) -> list[Run]:
+    """Maximal runs of tokens with one state; kept runs split at chunk boundaries, so each kept chunk shows."""
+    states = [FORCED if f else (KEPT if k else DROPPED) for f, k in zip(view.is_forced.tolist(), view.is_kept.tolist())]
+    keys = [(s, i // view.chunk if s == KEPT else None) for i, s in enumerate(states)]
+    return [Run(start, end, keys[start][0], keys[start][1], "".join(view.pieces[start:end]))
+            for start, end in split_runs(keys)]
+
+
+def split_runs(keys: list) -> list[tuple[int, int]]:
+    """(start, end) of each maximal stretch of equal keys."""
+    bounds, start = [], 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[start]:
+            bounds.append((start, i))
+            start = i
+    return bounds
+
+
+def importance_levels(importance: np.ndarray, num_levels: int) -> np.ndarray:
+    """[n] int in [0, num_levels): each token's importance quantile within its prompt (robust to the sink's spike)."""
+    ranks = np.argsort(np.argsort(importance, kind="stable"), kind="stable")
+    return (ranks * num_levels // max(1, len(importance))).astype(np.int64)
+
+
+def token_pieces(tokenizer, ids: list[int]) -> list[str]:
+    """The text each token adds, decoded incrementally so that multi-byte characters and word-initial
+    spaces come out right; a character split over tokens belongs to the token that completes it."""
+    kw = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    pieces: list[str] = []
+    prefix = read = 0
+    for i in range(len(ids)):
+        before = tokenizer.decode(ids[prefix:read], **kw) if read > prefix else ""
+        text = tokenizer.decode(ids[prefix : i + 1], **kw)
+        if text.endswith("\ufffd") and i + 1 < len(ids) and i + 1 - read < 8:
+            pieces.append("")  # an incomplete UTF-8 sequence: wait for the next token
+            continue
+        pieces.append(text[len(before) :])
+        prefix, read = read, i + 1
+    return pieces
+
+
+def load_tokenizer(run: RunOutputs):
+    """The run's tokenizer (transformers only: spcli.engine.load would also import the model code)."""
+    from transformers import AutoTokenizer
+
+    path = tokenizer_path(run)
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise OutputError(f"cannot load the run's tokenizer from {path}: {e}") from e
+
+
+def tokenizer_path(run: RunOutputs) -> Path:
+    from spcli import models
+
+    path = run.fingerprint_fields.get("model_path")
+    if path and (Path(path) / "config.json").is_file():
+        return Path(path)
+    return models.locate(run.config["model"])
+
+
+def _max_positions(model_dir: Path) -> int:
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return 1 << 30
+    cfg = cfg.get("text_config", cfg)
+    return int(cfg.get("max_position_embeddings") or 1 << 30)
+
+
+def _record(run: RunOutputs, row: dict) -> Record:
+    known = {f.name for f in dataclasses.fields(FieldConfig)}
+    fields = FieldConfig(**{k: v for k, v in run.config.get("fields", {}).items() if k in known})
+    try:
+        rec = next(read_records(Shard(0, row["shard"]), fields, row["row"]), None)
+    except InputError as e:
+        raise OutputError(f"cannot re-read the prompt of row {row['id']!r}: {e}") from e
+    if rec is None or rec.row != row["row"]:
+        raise OutputError(f"{row['shard']}: row {row['row']} (id {row['id']!r}) is no longer in the input file")
+    return rec
+
+
+def _input_changed(run: RunOutputs, shard_path: str) -> bool:
+    for s in run.fingerprint_fields.get("inputs", []):
+        if s.get("path") == shard_path:
+            try:
+                st = os.stat(shard_path)
+            except OSError:
+                return True
+            return (st.st_size, st.st_mtime_ns) != (s.get("size"), s.get("mtime_ns"))
+    return False
+
+
+def load_view(run: RunOutputs, row: dict, tokenizer=None) -> TokenView:
+    """Re-read and re-tokenise one row's prompt the way the run did, and mark its tokens."""
+    model_dir = tokenizer_path(run)
+    tokenizer = tokenizer or load_tokenizer(run)
+    rec = _record(run, row)
+    if rec.error is not None:
+        raise OutputError(f"row {row['id']!r} has no prompt to show: {rec.error}")
+    gen, select = run.config.get("generate", {}), run.config.get("select", {})
+    max_tokens = rec.max_tokens or gen.get("max_tokens", 64)
+    try:
+        ids = tokenize(rec, tokenizer, _max_positions(model_dir) - max_tokens, run.config.get("truncate", "error"))
+    except RecordError as e:
+        raise OutputError(f"row {row['id']!r} could not be tokenised: {e}") from e
+    n = len(ids)
+    warnings = []
+    if _input_changed(run, row["shard"]):
+        warnings.append(f"{row['shard']} changed since the run: the prompt below may not be what was scored")
+    if row.get("num_prompt_tokens") and row["num_prompt_tokens"] != n:
+        warnings.append(f"re-tokenised to {n} tokens but the run saw {row['num_prompt_tokens']}: input or tokenizer changed")
+    is_kept = np.zeros(n, dtype=bool)
+    kept = np.asarray(row.get("kept_indices") or [], dtype=np.int64)
+    is_kept[kept[kept < n]] = True
+    is_forced = np.zeros(n, dtype=bool)
+    if 0 < len(kept) < n:  # a pruned prompt: the first/last tokens were forced in (DESIGN.md step 7)
+        is_forced[: select.get("keep_first", 0)] = True
+        if select.get("keep_last", 0) > 0:
+            is_forced[max(0, n - select["keep_last"]) :] = True
+        is_forced &= is_kept
+    importance = row.get("importance")
+    importance = np.asarray(importance, dtype=np.float32) if importance is not None and len(importance) == n else None
+    return TokenView(row, token_pieces(tokenizer, ids), is_kept, is_forced, importance, int(select.get("chunk", 32)),
+                     "; ".join(warnings) or None)

@@ -1,0 +1,47 @@
+"""The command reference (docs/cli.md) is the `--help` text, and the help says what the code does."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from spcli.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gen_cli():
+    spec = importlib.util.spec_from_file_location("gen_cli", ROOT / "docs" / "gen_cli.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_cli_md_is_the_help_text():
+    gen = gen_cli()
+    expected = gen.render()
+    actual = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert actual == expected, "docs/cli.md is stale: run `.venv/bin/python docs/gen_cli.py` and commit the result"
+
+
+def test_every_command_is_documented():
+    gen = gen_cli()
+    doc = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    paths = gen.command_paths()
+    assert ["run"] in paths and ["inspect"] in paths and ["models"] in paths
+    for path in paths:
+        assert f"## `spcli{''.join(' ' + p for p in path)}`" in doc
+
+
+def test_help_mentions_what_the_code_does():
+    runner = CliRunner()
+    root = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert root.exit_code == 0
+    for text in ("--log-json", "--log-level", "--quiet", "--debug", "Exit codes: 0 done, 1 internal error"):
+        assert text in root.output
+    inspect = runner.invoke(app, ["inspect", "--help"], env={"COLUMNS": "200"})
+    assert inspect.exit_code == 0
+    for text in ("--id", "--row", "--html", "--limit", "--compare", "--width", "--no-color", "--plain", "[kept chunk]"):
+        assert text in inspect.output

@@ -1,0 +1,153 @@
+"""`spcli inspect DIR`: the run summary, computed from a known output directory.
+
+`write_run` builds an output directory without a model (parts and manifest written as `spcli run`
+writes them), so every number in it is known; the other inspect tests import it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from spcli.cli import app
+from spcli.config import RunConfig, SelectConfig
+from spcli.errors import OutputError
+from spcli.io import commit
+from spcli.io.manifest import Manifest, ShardProgress, input_identity
+from spcli.io.records import Shard
+from spcli.io.schema import RowResult, to_dict, to_table
+
+
+def write_run(out: Path, model_dir: Path, records: list[dict], results: list[dict], select: SelectConfig,
+              save_scores: bool = False, extra_lines: int = 0, fmt: str = "parquet", rows_per_part: int = 2) -> Path:
+    """An output directory for `records` (written as the input shard), one committed row per entry of
+    `results` (RowResult fields; id/shard/row filled in). extra_lines: input rows not yet committed."""
+    out.mkdir(parents=True, exist_ok=True)
+    shard = out.parent / f"{out.name}-input.jsonl"
+    with open(shard, "w") as f:
+        for r in records + [{"id": f"pending{i}", "prompt": "later"} for i in range(extra_lines)]:
+            f.write(json.dumps(r) + "\n")
+    rows = [RowResult(**{"id": rec["id"], "shard": str(shard), "row": i, **res}) for i, (rec, res) in enumerate(zip(records, results))]
+    cfg = RunConfig(inputs=(str(shard),), out=str(out), model=str(model_dir), speculator="self:2", dtype="float32",
+                    save_scores=save_scores, select=select, output_format=fmt)
+    prog = ShardProgress(str(shard), next_row=len(rows), rows=len(rows), failed=sum(r.error is not None for r in rows),
+                         prompt_tokens=sum(r.num_prompt_tokens for r in rows), kept_tokens=sum(r.num_kept_tokens for r in rows),
+                         total_rows=len(rows) if extra_lines == 0 else None, done=extra_lines == 0)
+    for start in range(0, len(rows), rows_per_part):
+        name = commit.part_name(0, len(prog.parts), fmt)
+        batch = rows[start : start + rows_per_part]
+        if fmt == "parquet":
+            pq.write_table(to_table(batch, save_scores), out / name)
+        else:
+            (out / name).write_text("".join(json.dumps(to_dict(r, save_scores)) + "\n" for r in batch))
+        prog.parts.append(name)
+    fields = {**cfg.fingerprint_fields(), "model_path": str(model_dir),
+              "inputs": [{k: v for k, v in s.items() if k != "index"} for s in input_identity([Shard(0, str(shard))])]}
+    m = Manifest(out / "manifest.json", cfg.to_dict(), fields, {0: prog}, wall_s=12.5, finished=extra_lines == 0)
+    m.save()
+    return out
+
+
+def ok_row(n: int, kept: list[int], ttft: float, output: str = "out", importance: list[float] | None = None) -> dict:
+    return dict(output=output, finish_reason="length", num_prompt_tokens=n, num_kept_tokens=len(kept), num_output_tokens=3,
+                kept_indices=kept, ttft_s=ttft, speculate_s=0.5, prefill_s=0.25, decode_s=0.1, importance=importance)
+
+
+@pytest.fixture()
+def known_run(tmp_path, tiny_dir):
+    """4 ok rows (keep 10%, 20%, 30%, 100%; TTFT 1..4 s), 2 errors with one message, 3 input rows pending."""
+    records = [{"id": f"r{i}", "prompt": "x"} for i in range(6)]
+    results = [
+        ok_row(100, list(range(10)), 1.0), ok_row(100, list(range(20)), 2.0),
+        ok_row(200, list(range(60)), 3.0), ok_row(50, list(range(50)), 4.0),
+        dict(error="/data/in.jsonl:line 5: field 'prompt' must be a string, got int"),
+        dict(error="/data/in.jsonl:line 6: field 'prompt' must be a string, got int"),
+    ]
+    return write_run(tmp_path / "out", tiny_dir, records, results, SelectConfig(keep=0.2, chunk=8), extra_lines=3)
+
+
+def test_summary_numbers(known_run):
+    from spcli.inspect.outputs import load_run
+    from spcli.inspect.summary import summarize
+
+    s = summarize(load_run(known_run))
+    assert (s.num_rows, s.num_failed, s.num_pending, s.is_finished) == (6, 2, 3, False)
+    assert (s.num_shards, s.num_shards_done) == (1, 0)
+    assert (s.num_prompt_tokens, s.num_kept_tokens, s.num_saved_tokens) == (450, 140, 310)
+    assert s.saved_fraction == pytest.approx(310 / 450)
+    assert s.keep_mean == pytest.approx((0.1 + 0.2 + 0.3 + 1.0) / 4)
+    assert s.keep_quantiles["min"] == pytest.approx(0.1) and s.keep_quantiles["max"] == pytest.approx(1.0)
+    assert s.keep_quantiles["p50"] == pytest.approx(0.25)
+    assert s.keep_histogram == [0, 1, 1, 1, 0, 0, 0, 0, 0, 1]  # 10%, 20%, 30%, 100% (the last bin is closed)
+    assert s.ttft_quantiles["p50"] == pytest.approx(2.5) and s.ttft_quantiles["max"] == pytest.approx(4.0)
+    assert s.ttft_quantiles["p90"] == pytest.approx(3.7)
+    assert s.speculate_s == pytest.approx(2.0) and s.wall_s == pytest.approx(12.5)
+    assert s.config["keep"] == 0.2 and s.config["chunk"] == 8 and s.config["speculator"] == "self:2"
+    assert s.config["lookahead"] == 8 and s.config["pool"] == 13
+    assert len(s.errors) == 1
+    assert (s.errors[0].message, s.errors[0].count) == ("field 'prompt' must be a string, got int", 2)
+    assert s.errors[0].example.startswith("/data/in.jsonl:line 5:")
+
+
+def test_summary_command(known_run):
+    res = CliRunner().invoke(app, ["inspect", str(known_run), "--width", "120"])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "rows       6 done, 2 failed, 3 pending (shards 0/1 done)" in out
+    assert "450 prompt -> 140 kept: prefill work saved 310 tokens (68.9%)" in out
+    assert "mean 40.0%, min 10.0%, p10 13.0%, p50 25.0%, p90 79.0%, max 100.0%" in out
+    assert "p50 2.500 s, p90 3.700 s, p99 3.970 s, max 4.000 s" in out
+    assert "keep 0.2" in out and "chunk 8" in out and "lookahead 8" in out and "pool 13" in out
+    assert "2 x field 'prompt' must be a string, got int" in out
+    assert "not finished" in out
+
+
+def test_jsonl_parts_read_the_same(tmp_path, tiny_dir):
+    from spcli.inspect.outputs import load_run
+    from spcli.inspect.summary import summarize
+
+    records = [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}, {"id": "c", "prompt": "z"}]
+    results = [ok_row(10, [0, 1], 1.0), ok_row(10, list(range(10)), 2.0), dict(error="boom")]
+    run = load_run(write_run(tmp_path / "o", tiny_dir, records, results, SelectConfig(), fmt="jsonl"))
+    s = summarize(run)
+    assert (s.num_rows, s.num_failed, s.num_pending, s.num_kept_tokens) == (3, 1, 0, 12)
+    assert run.find(row_id="b")["num_kept_tokens"] == 10 and run.find(index=2)["error"] == "boom"
+
+
+def test_not_a_run_directory_and_unknown_id(tmp_path, known_run):
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path)])
+    assert isinstance(res.exception, OutputError) and "not an spcli output directory" in str(res.exception)
+    res = CliRunner().invoke(app, ["inspect", str(known_run), "--id", "nope"])
+    assert isinstance(res.exception, OutputError) and "no row with id 'nope' among its 6 committed rows" in str(res.exception)
+    res = CliRunner().invoke(app, ["inspect", str(known_run), "--row", "6"])
+    assert "--row 6 is out of range: the run has 6 committed rows (0..5)" in str(res.exception)
+
+
+def test_on_a_real_run(tmp_path, tiny_dir, write_jsonl):
+    """`spcli run` with the tiny model, then inspect: the summary agrees with the rows, a row re-tokenises."""
+    from test_run import ARGS, prompt_rows, read_outputs
+
+    jl = write_jsonl(prompt_rows(3) + [{"id": "bad", "prompt": 7}])
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(jl), "--out", str(out), "--model", str(tiny_dir), "--save-scores", *ARGS])
+    assert res.exit_code == 0, res.output
+    rows = {r["id"]: r for r in read_outputs(out)}
+    res = CliRunner().invoke(app, ["inspect", str(out), "--width", "200"])
+    assert res.exit_code == 0, res.output
+    prompt = sum(r["num_prompt_tokens"] for r in rows.values() if r["error"] is None)
+    kept = sum(r["num_kept_tokens"] for r in rows.values() if r["error"] is None)
+    assert f"4 done, 1 failed, 0 pending" in res.output
+    assert f"{prompt} prompt -> {kept} kept" in res.output
+    res = CliRunner().invoke(app, ["inspect", str(out), "--id", "r1"])
+    assert res.exit_code == 0, res.output
+    header, body = res.output.split("\n", 1)
+    assert header.startswith(f"r1 | {rows['r1']['num_prompt_tokens']} prompt tokens | kept {rows['r1']['num_kept_tokens']} (30.")
+    assert body.count("{") == 2  # the forced head and tail
+    stripped = body.rstrip("\n")
+    for marker in "[]{}":
+        stripped = stripped.replace(marker, "")
+    assert "word" in stripped and "warning" not in res.output

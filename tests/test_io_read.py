@@ -1,0 +1,246 @@
+"""Reading shards (spcli/io/read.py, records.py, ids.py) without a model: every problem named exactly."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from spcli.config import FieldConfig
+from spcli.errors import InputError
+from spcli.io.ids import IdIndex
+from spcli.io.read import check_shard, count_rows, read_records
+from spcli.io.records import Shard, discover, id_prefixes
+
+FIELDS = FieldConfig()
+
+
+def records(path, start_row: int = 0, limit: int = 8 << 20):
+    (shard,) = discover([str(path)])
+    return list(read_records(shard, FIELDS, start_row, limit))
+
+
+def one_error(tmp_path, line: bytes | str) -> str:
+    path = tmp_path / "one.jsonl"
+    path.write_bytes((line if isinstance(line, bytes) else line.encode()) + b"\n")
+    (rec,) = records(path)
+    return rec.error
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"id": "x", "prompt": "a" ', "malformed JSON (unexpected end of data at column 27)"),
+    ("[1, 2]", "record must be a JSON object, got list"),
+    ('"text"', "record must be a JSON object, got str"),
+    ('{"id": "x"}', "field 'prompt' (or 'messages') is missing or null"),
+    ('{"id": "x", "prompt": null}', "field 'prompt' (or 'messages') is missing or null"),
+    ('{"id": "x", "prompt": "  "}', "field 'prompt' is empty"),
+    ('{"id": "x", "prompt": ["a"]}', "field 'prompt' must be a string, got list"),
+    ('{"id": "x", "messages": "hi"}', "field 'messages' must be a non-empty list of {role, content} objects"),
+    ('{"id": "x", "messages": []}', "field 'messages' must be a non-empty list of {role, content} objects"),
+    ('{"id": "x", "messages": ["hi"]}', "field 'messages'[0] must be an object with role and content"),
+    ('{"id": "x", "messages": [{"content": "hi"}]}',
+     "field 'messages'[0].role must be one of system, user, assistant, tool, developer, got None"),
+    ('{"id": "x", "messages": [{"role": "wizard", "content": "hi"}]}',
+     "field 'messages'[0].role must be one of system, user, assistant, tool, developer, got 'wizard'"),
+    ('{"id": "x", "messages": [{"role": "user"}]}', "field 'messages'[0].content must be a string"),
+    ('{"id": "x", "prompt": "a", "messages": [{"role": "user", "content": "b"}]}',
+     "record has both 'prompt' and 'messages'; give one"),
+    ('{"id": "x", "prompt": "a", "keep": 0}', "field 'keep' must be in (0, 1], got 0"),
+    ('{"id": "x", "prompt": "a", "keep": 1.5}', "field 'keep' must be in (0, 1], got 1.5"),
+    ('{"id": "x", "prompt": "a", "keep": "half"}', "field 'keep' must be a number, got 'half'"),
+    ('{"id": "x", "prompt": "a", "max_tokens": 0}', "field 'max_tokens' must be in [1, 1048576], got 0"),
+    ('{"id": "x", "prompt": "a", "max_tokens": 2.5}', "field 'max_tokens' must be an integer, got 2.5"),
+    ('{"id": "x", "prompt": "a", "max_tokens": true}', "field 'max_tokens' must be an integer, got True"),
+    ('{"id": ["x"], "prompt": "a"}', "field 'id' must be a non-empty string or integer, got ['x']"),
+])
+def test_record_problems_name_file_line_and_field(tmp_path, line, message):
+    assert one_error(tmp_path, line) == f"{tmp_path}/one.jsonl:line 1: {message}"
+
+
+def test_invalid_utf8_is_an_error_row_and_reading_goes_on(tmp_path):
+    path = tmp_path / "u.jsonl"
+    path.write_bytes(b'{"id": "a", "prompt": "caf\xe9"}\n{"id": "b", "prompt": "fine"}\n')
+    bad, good = records(path)
+    assert (bad.id, bad.error) == ("u:0", f"{path}:line 1: invalid UTF-8 at byte 26")
+    assert (good.id, good.prompt, good.error) == ("b", "fine", None)
+
+
+def test_a_line_over_the_record_limit_is_skipped_without_being_held(tmp_path):
+    path = tmp_path / "big.jsonl"
+    with open(path, "wb") as f:
+        f.write(b'{"id": "a", "prompt": "short"}\n')
+        f.write(b'{"id": "huge", "prompt": "' + b"x" * (3 << 20) + b'"}\n')
+        f.write(b'{"id": "c", "prompt": "after"}')  # no final newline
+    a, huge, c = records(path, limit=1 << 20)
+    assert huge.id == "big:1" and huge.prompt is None
+    assert huge.error == f"{path}:line 2: record is {(3 << 20) + 28} bytes, more than --max-record-bytes {1 << 20}"
+    assert (a.prompt, c.prompt, c.row) == ("short", "after", 2)
+
+
+def test_blank_lines_and_a_bom_are_not_records_but_keep_line_numbers(tmp_path):
+    path = tmp_path / "b.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "one"}\n\n   \n{"prompt": "two"}\r\n')
+    one, two = records(path)
+    assert (one.id, one.prompt, two.id, two.prompt) == ("b:0", "one", "b:3", "two")
+    assert [r.row for r in records(path, start_row=1)] == [3]
+    assert count_rows(discover([str(path)])[0]) == 2
+
+
+def test_openai_request_lines(tmp_path):
+    path = tmp_path / "batch.jsonl"
+    lines = [
+        {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "keep": 0.5}},
+        {"custom_id": "c2", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": "hello", "temperature": 0}},
+        {"custom_id": "c3", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
+        {"custom_id": "c4", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], "n": 2}},
+        {"custom_id": "c5", "url": "/v1/chat/completions", "body": {"prompt": "x"}},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    c1, c2, c3, c4, c5 = records(path)
+    assert (c1.id, c1.custom_id, c1.endpoint, c1.max_tokens, c1.keep, c1.error) == ("c1", "c1", "/v1/chat/completions", 3, 0.5, None)
+    assert (c2.prompt, c2.endpoint, c2.temperature, c2.error) == ("hello", "/v1/completions", 0.0, None)
+    assert c3.error == f"{path}:line 3: field 'url' must be /v1/chat/completions or /v1/completions, got '/v1/embeddings'"
+    assert c4.error == f"{path}:line 4: field 'body.n' must be 1 (one completion per request), got 2"
+    assert c5.error == f"{path}:line 5: a /v1/chat/completions request needs 'body.messages', not 'body.prompt'"
+    assert c3.custom_id == "c3", "an error row still carries its custom_id"
+
+
+def test_parquet_reads_only_needed_columns_from_any_row(tmp_path):
+    path = tmp_path / "p.parquet"
+    n = 2500
+    table = pa.table({"id": [f"p{i}" for i in range(n)], "prompt": [f"text {i}" for i in range(n)],
+                      "unused": [b"\0" * 100] * n, "keep": [0.5] * n})
+    pq.write_table(table, path, row_group_size=700)
+    got = records(path, start_row=1399)
+    assert [r.row for r in got] == list(range(1399, n)) and got[0].id == "p1399" and got[0].keep == 0.5
+    assert len(records(path)) == n
+
+
+def test_parquet_invalid_utf8_cell_is_an_error_row(tmp_path):
+    offsets = pa.array([0, 2, 4], pa.int32()).buffers()[1]
+    prompts = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(b"ok\xff\xfe")])
+    path = tmp_path / "u.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": prompts}), path)
+    a, b = records(path)
+    assert (a.prompt, b.id, b.error) == ("ok", "u:1", f"{path}:row 1: invalid UTF-8 at byte 0 of a string column")
+
+
+def test_parquet_oversized_cell_is_an_error_row(tmp_path):
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x" * 5000, "small"]}), path)
+    a, b = records(path, limit=4096)
+    assert a.error == f"{path}:row 0: record is 5000 bytes, more than --max-record-bytes 4096"
+    assert b.prompt == "small"
+
+
+def shard(path) -> Shard:
+    return Shard(0, str(path))
+
+
+def test_file_level_problems(tmp_path):
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    with pytest.raises(InputError, match=r"empty.parquet: empty file \(0 bytes\), not a Parquet file$"):
+        check_shard(shard(tmp_path / "empty.parquet"), FIELDS)
+
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"prompt": ["a"] * 100}), good)
+    (tmp_path / "cut.parquet").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(InputError, match=r"cut.parquet: not a readable Parquet file \("):
+        check_shard(shard(tmp_path / "cut.parquet"), FIELDS)
+
+    pq.write_table(pa.table({"text": ["a"]}), tmp_path / "cols.parquet")
+    with pytest.raises(InputError) as e:
+        check_shard(shard(tmp_path / "cols.parquet"), FIELDS)
+    assert str(e.value) == f"{tmp_path}/cols.parquet: Parquet file has no 'prompt' or 'messages' column (columns: text)"
+
+    (tmp_path / "plain.jsonl.gz").write_text('{"prompt": "a"}\n')
+    with pytest.raises(InputError, match=r"plain.jsonl.gz: not a gzip file \(name it .jsonl if it is plain text\)$"):
+        check_shard(shard(tmp_path / "plain.jsonl.gz"), FIELDS)
+    (tmp_path / "zipped.jsonl").write_bytes(gzip.compress(b'{"prompt": "a"}\n'))
+    with pytest.raises(InputError, match=r"zipped.jsonl: file is gzip-compressed; name it .jsonl.gz$"):
+        check_shard(shard(tmp_path / "zipped.jsonl"), FIELDS)
+
+    (tmp_path / "e.jsonl").write_bytes(b"")
+    assert check_shard(shard(tmp_path / "e.jsonl"), FIELDS) == f"{tmp_path}/e.jsonl: empty file (no records)"
+    assert records(tmp_path / "e.jsonl") == []
+
+
+def test_truncated_gzip_is_a_file_error_after_the_rows_before_it(tmp_path):
+    data = gzip.compress(b"".join(b'{"prompt": "row %d"}\n' % i for i in range(2000)))
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    check_shard(shard(path), FIELDS)  # the header is fine: only streaming finds the cut
+    seen = []
+    with pytest.raises(InputError) as e:
+        for rec in read_records(shard(path), FIELDS):
+            seen.append(rec)
+    assert str(e.value).startswith(f"{path}: compressed file is truncated or corrupt (")
+    assert seen and all(r.error is None for r in seen)
+
+
+def test_corrupt_parquet_pages_are_a_file_error(tmp_path):
+    path = tmp_path / "rot.parquet"
+    pq.write_table(pa.table({"prompt": [f"{i} " * 50 for i in range(3000)]}), path, compression="zstd", row_group_size=1000)
+    data = bytearray(path.read_bytes())
+    mid = pq.ParquetFile(path).metadata.row_group(1).column(0).data_page_offset
+    data[mid + 40: mid + 400] = bytes(360)
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"rot.parquet: corrupt Parquet data in row group 1 \(rows 1000-1999\): "):
+        records(path)
+
+
+def test_discover(tmp_path):
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "notes.txt").write_text("x")
+    with pytest.raises(InputError) as e:
+        discover([str(tmp_path / "none")])
+    assert str(e.value) == f"{tmp_path}/none: directory has no shards (*.jsonl, *.jsonl.gz, *.parquet)"
+    with pytest.raises(InputError, match=r"missing.jsonl: no such file or directory$"):
+        discover([str(tmp_path / "missing.jsonl")])
+    with pytest.raises(InputError, match=r"nothing\*.jsonl: glob matches no shards$"):
+        discover([str(tmp_path / "nothing*.jsonl")])
+
+    data = tmp_path / "data"
+    (data / "out").mkdir(parents=True)
+    (data / "a.jsonl").write_text("{}\n")
+    (data / "out" / "part-00000-00000.jsonl").write_text("{}\n")
+    assert [s.path for s in discover([str(data)], exclude=data / "out")] == [str(data / "a.jsonl")]
+
+
+def test_generated_ids_stay_unique_when_file_names_repeat():
+    assert id_prefixes(["/d/x.jsonl", "/d/y.parquet"]) == ["x", "y"]
+    assert id_prefixes(["/d/2024/train.jsonl", "/d/2025/train.jsonl", "/d/2025/dev.jsonl"]) == ["2024/train", "2025/train", "dev"]
+    assert id_prefixes(["/d/train.jsonl", "/d/train.jsonl.gz"]) == ["train.jsonl", "train.jsonl.gz"]
+
+
+def test_id_index_matches_a_dict_through_growth():
+    rng = random.Random(0)
+    index, ref = IdIndex(capacity=16), {}
+    for n in range(30000):
+        key = f"id-{rng.randrange(20000)}"
+        assert index.setdefault(key, n % 3, n) == ref.get(key)
+        ref.setdefault(key, (n % 3, n))
+    assert len(index) == len(ref) and len(index.keys) >= len(ref) / 0.6
+
+
+def test_parquet_non_finite_numbers_and_openai_bodies_are_error_rows(tmp_path):
+    path = tmp_path / "nf.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b"], "max_tokens": [float("nan"), 2.0], "keep": [float("inf"), 0.5]}), path)
+    a, b = records(path)
+    assert a.error == f"{path}:row 0: field 'max_tokens' must be an integer, got nan"
+    assert (b.max_tokens, b.keep, b.error) == (2, 0.5, None)
+    assert one_error(tmp_path, '{"custom_id": "c", "body": "text"}') == f"{tmp_path}/one.jsonl:line 1: field 'body' must be an object, got str"
+
+
+@pytest.mark.parametrize("text", ['[\n  {"prompt": "a"}\n]\n', '{\n  "prompt": "a"\n}\n'])
+def test_pretty_printed_json_is_not_json_lines(tmp_path, text):
+    path = tmp_path / "data.json"
+    path.write_text(text)
+    with pytest.raises(InputError) as e:
+        check_shard(shard(path), FIELDS)
+    assert str(e.value) == f"{path}: pretty-printed JSON, not JSON Lines (one record per line)"

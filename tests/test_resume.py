@@ -1,0 +1,259 @@
+"""Resume, fingerprint, lock and commit protocol (spcli/run.py, spcli/io/commit.py, spcli/io/manifest.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from spcli.config import GenerateConfig, RunConfig, ScoreConfig, SelectConfig
+from spcli.errors import Interrupted, OutputError
+from spcli.io import commit
+from spcli.io.manifest import Manifest, WriterLock, read_manifests
+from spcli.progress import Progress
+from spcli.run import run
+from test_bad_input import cli, last_line
+from test_run import read_outputs
+
+
+def config(src, out, tiny_dir, keep: float = 0.3, **kw) -> RunConfig:
+    return RunConfig(
+        inputs=(str(src),), out=str(out), model=str(tiny_dir), speculator="self:2", dtype="float32",
+        batch_size=kw.pop("batch_size", 2), commit_interval=kw.pop("commit_interval", 0.0),
+        select=SelectConfig(keep=keep, chunk=8, keep_last=8, min_tokens=16), score=ScoreConfig(lookahead=2),
+        generate=GenerateConfig(max_tokens=2), **kw,
+    )
+
+
+def argv(src, out, tiny_dir, *extra) -> list[str]:
+    return ["run", str(src), "--out", str(out), "--model", str(tiny_dir), "--speculator", "self:2", "--dtype", "float32",
+            "--batch-size", "2", "--commit-interval", "0", "--chunk", "8", "--keep-last", "8", "--min-tokens", "16",
+            "--lookahead", "2", "--max-tokens", "2", *extra]
+
+
+class StopAfter(Progress):
+    """Sends this process SIGUSR1 after `n` batches: the run commits and raises Interrupted."""
+
+    def __init__(self, n: int):
+        super().__init__(quiet=True)
+        self.n = n
+
+    def update(self, rows) -> None:
+        super().update(rows)
+        self.n -= 1
+        if self.n == 0:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def rows_of(n: int, dup_at: int | None = None) -> list[dict]:
+    rows = [{"id": f"r{i}", "prompt": f"resume prompt {i} about topic {i % 3} " * 8} for i in range(n)]
+    if dup_at is not None:
+        rows.append({"id": f"r{dup_at}", "prompt": "a second r with the same id " * 3})
+    return rows
+
+
+def comparable(out) -> dict:
+    keys = ("id", "output", "kept_indices", "finish_reason", "num_prompt_tokens", "error")
+    return {r["row"]: tuple(tuple(r[k]) if isinstance(r[k], list) else r[k] for k in keys) for r in read_outputs(out)}
+
+
+def test_resume_after_a_stop_equals_an_uninterrupted_run_and_keeps_catching_duplicates(tmp_path, tiny_dir, write_jsonl):
+    src = write_jsonl(rows_of(10, dup_at=1))
+    ref = tmp_path / "ref"
+    run(config(src, ref, tiny_dir), Progress(quiet=True))
+    out = tmp_path / "out"
+    with pytest.raises(Interrupted, match=r"^stopped by SIGUSR1 with 4 of 11 rows committed; run the same command again"):
+        run(config(src, out, tiny_dir), StopAfter(2))
+    assert len(read_outputs(out)) == 4 and not (out / ".lock").exists()
+    summary = run(config(src, out, tiny_dir), Progress(quiet=True))
+    assert (summary.rows, summary.failed, summary.rows_total) == (11, 1, 11)
+    assert comparable(out) == comparable(ref)
+    dup = comparable(out)[10]
+    assert dup[0] == "r1" and dup[-1] == f"{src}:line 11: duplicate id 'r1' (first at {src}:line 2); ids must be unique"
+    (doc,) = read_manifests(out)
+    assert doc["finished"] and doc["summary"] == {
+        "rows_total": 11, "rows": 11, "rows_ok": 10, "failed": 1, "prompt_tokens": doc["summary"]["prompt_tokens"],
+        "kept_tokens": doc["summary"]["kept_tokens"], "wall_s": doc["summary"]["wall_s"], "shards": 1, "shards_done": 1}
+    assert doc["summary"]["prompt_tokens"] > doc["summary"]["kept_tokens"] > 0 and doc["summary"]["wall_s"] > 0
+
+
+def test_changed_keep_refuses_then_fresh_starts_over_and_force_appends(tmp_path, tiny_dir, write_jsonl, capsys):
+    src = write_jsonl(rows_of(6))
+    out = tmp_path / "out"
+    with pytest.raises(Interrupted):
+        run(config(src, out, tiny_dir), StopAfter(1))
+    first = read_outputs(out)
+    assert len(first) == 2
+
+    code, _, err = cli(argv(src, out, tiny_dir, "--keep", "0.5"), capsys)
+    assert code == 2
+    assert last_line(err) == (f"spcli: error: {out} holds a run with another configuration (select.keep: 0.3 -> 0.5); "
+                              "rerun with --fresh to start over (deletes its outputs) or --force to append anyway")
+
+    code, _, err = cli(argv(src, out, tiny_dir, "--keep", "0.5", "--force"), capsys)
+    assert code == 0, err
+    assert "WARNING --force: appending to outputs made with another configuration (select.keep: 0.3 -> 0.5)" in err
+    forced = {r["row"]: r for r in read_outputs(out)}
+    assert sorted(forced) == list(range(6))
+    assert [forced[i]["kept_indices"] for i in (0, 1)] == [r["kept_indices"] for r in first], "committed rows stay"
+    n = forced[2]["num_prompt_tokens"]
+    assert forced[2]["num_kept_tokens"] == -(-n // 2), "rows after the stop use keep 0.5"
+
+    code, _, err = cli(argv(src, out, tiny_dir, "--keep", "0.3", "--fresh"), capsys)
+    assert code == 0, err
+    fresh = {r["row"]: r for r in read_outputs(out)}
+    assert sorted(fresh) == list(range(6))
+    assert fresh[2]["num_kept_tokens"] == -(-3 * fresh[2]["num_prompt_tokens"] // 10)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", *(f"part-00000-{i:05d}.parquet" for i in range(3))]
+
+
+def test_changed_input_file_refuses_to_resume(tmp_path, tiny_dir, write_jsonl, capsys):
+    src = write_jsonl(rows_of(2))
+    out = tmp_path / "out"
+    assert cli(argv(src, out, tiny_dir), capsys)[0] == 0
+    size = src.stat().st_size
+    with open(src, "a") as f:
+        f.write(json.dumps({"id": "new", "prompt": "appended later"}) + "\n")
+    code, _, err = cli(argv(src, out, tiny_dir), capsys)
+    assert code == 2
+    line = last_line(err)
+    assert f"(inputs.0.mtime_ns: " in line and f"inputs.0.size: {size} -> {src.stat().st_size})" in line
+
+
+def test_unreadable_manifest_and_missing_part_are_clear_errors(tmp_path, tiny_dir, write_jsonl, capsys):
+    src = write_jsonl(rows_of(4))
+    out = tmp_path / "out"
+    assert cli(argv(src, out, tiny_dir), capsys)[0] == 0
+    (out / "part-00000-00001.parquet").unlink()
+    code, _, err = cli(argv(src, out, tiny_dir), capsys)
+    assert (code, last_line(err)) == (2, f"spcli: error: {out}: committed part file(s) missing (part-00000-00001.parquet); "
+                                         "the outputs are incomplete: rerun with --fresh to start over")
+    (out / "manifest.json").write_text('{"version": 1, "shar')
+    code, _, err = cli(argv(src, out, tiny_dir), capsys)
+    assert code == 2 and last_line(err).startswith(f"spcli: error: {out}/manifest.json: manifest is unreadable (JSONDecodeError: ")
+    assert last_line(err).endswith("; rerun with --fresh to start over")
+    assert cli(argv(src, out, tiny_dir, "--fresh"), capsys)[0] == 0
+    assert len(read_outputs(out)) == 4
+
+
+def test_uncommitted_parts_and_temp_files_are_removed_at_start(tmp_path, tiny_dir, write_jsonl):
+    src = write_jsonl(rows_of(4))
+    out = tmp_path / "out"
+    with pytest.raises(Interrupted):
+        run(config(src, out, tiny_dir), StopAfter(1))
+    committed = {p.name: p.read_bytes() for p in out.glob("part-*")}
+    strays = ["part-00000-00001.parquet", ".part-00000-00002.parquet.123-abcd.tmp", ".manifest.json.99-beef.tmp"]
+    for name in strays:
+        (out / name).write_bytes(b"half written")
+    (out / "part-00007-00000.parquet").write_bytes(b"not mine")  # a shard index outside this run: still unlisted
+    (out / "notes.txt").write_text("a user's file")
+    run(config(src, out, tiny_dir), Progress(quiet=True))
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["manifest.json", "notes.txt", "part-00000-00000.parquet", "part-00000-00001.parquet"]
+    assert (out / "part-00000-00000.parquet").read_bytes() == committed["part-00000-00000.parquet"]
+    assert len(read_outputs(out)) == 4
+
+
+def test_remove_uncommitted_leaves_other_tasks_shards_alone(tmp_path):
+    for name in ["part-00000-00000.parquet", "part-00001-00000.parquet", ".part-00001-00001.jsonl.1-aa.tmp",
+                 "part-00000-00001.openai.jsonl", ".manifest-task-00001.json.3-cc.tmp", ".manifest.json.4-dd.tmp"]:
+        (tmp_path / name).write_bytes(b"")
+    removed = commit.remove_uncommitted(tmp_path, {"part-00000-00000.parquet"}, {0}, "manifest-task-00000.json")
+    assert removed == ["part-00000-00001.openai.jsonl"]
+    removed = commit.remove_uncommitted(tmp_path, {"part-00000-00000.parquet"}, {1}, "manifest-task-00001.json")
+    assert sorted(removed) == [".manifest-task-00001.json.3-cc.tmp", ".part-00001-00001.jsonl.1-aa.tmp", "part-00001-00000.parquet"]
+    assert commit.part_shard(".part-00012-00003.openai.jsonl.77-ab12.tmp") == 12
+    assert commit.part_shard("part-00012-123456.parquet") == 12
+
+
+def test_a_live_lock_refuses_at_once_and_a_stale_one_is_taken_over(tmp_path, tiny_dir, write_jsonl, capsys):
+    src = write_jsonl(rows_of(2))
+    out = tmp_path / "out"
+    out.mkdir()
+    held = WriterLock(out, None)
+    held.acquire()
+    try:
+        code, _, err = cli(argv(src, out, tiny_dir), capsys)
+        assert (code, last_line(err)) == (2, f"spcli: error: {out}: another spcli run writes here (host {socket.gethostname()}, "
+                                             f"pid {os.getpid()}); wait for it, or remove {out}/.lock if that run is gone")
+    finally:
+        held.release()
+    assert not (out / ".lock").exists()
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    (out / ".lock").write_bytes(orjson.dumps({"host": socket.gethostname(), "pid": pid, "job": None}))
+    code, _, err = cli(argv(src, out, tiny_dir), capsys)
+    assert code == 0, err
+    assert f"WARNING taking over a stale lock {out}/.lock (host {socket.gethostname()}, pid {pid})" in err
+    assert not (out / ".lock").exists()
+
+
+def test_a_lock_from_another_host_is_not_taken_over(tmp_path):
+    (tmp_path / ".lock").write_bytes(orjson.dumps({"host": "other-node-7", "pid": 4242, "job": "123"}))
+    with pytest.raises(OutputError) as e:
+        WriterLock(tmp_path, None).acquire()
+    assert str(e.value) == (f"{tmp_path}: another spcli run writes here (host other-node-7, pid 4242); "
+                            f"wait for it, or remove {tmp_path}/.lock if that run is gone")
+    os.environ["SLURM_JOB_ID"] = "123"  # the same job, requeued on another node: its old attempt is gone
+    try:
+        lock = WriterLock(tmp_path, None, warn=lambda m: None)
+        lock.acquire()
+        lock.release()
+    finally:
+        del os.environ["SLURM_JOB_ID"]
+
+
+def test_manifest_loads_older_and_newer_shard_fields(tmp_path):
+    m = Manifest(tmp_path / "manifest.json", {}, {"a": 1}, {})
+    m.save()
+    doc = orjson.loads((tmp_path / "manifest.json").read_bytes())
+    doc["shards"] = {"0": {"path": "x.jsonl", "next_row": 3, "parts": ["part-00000-00000.parquet"], "future_field": 1}}
+    (tmp_path / "manifest.json").write_bytes(orjson.dumps(doc))
+    loaded = Manifest.load(tmp_path / "manifest.json")
+    assert loaded.shards[0].next_row == 3 and loaded.shards[0].openai_parts == [] and loaded.shards[0].total_rows is None
+
+
+def test_a_plain_run_refuses_to_clean_up_beside_an_unreadable_manifest(tmp_path, tiny_dir, write_jsonl, capsys):
+    src = write_jsonl(rows_of(2))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest-task-00001.json").write_text("{")
+    (out / "part-00001-00000.parquet").write_bytes(b"maybe committed by task 1")
+    code, _, err = cli(argv(src, out, tiny_dir), capsys)
+    assert code == 2 and last_line(err).startswith(f"spcli: error: {out}/manifest-task-00001.json: manifest is unreadable (")
+    assert (out / "part-00001-00000.parquet").exists()
+
+
+def test_each_shard_resumes_on_its_own(tmp_path, tiny_dir, write_jsonl):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    a = write_jsonl(rows_of(3), "a.jsonl")
+    b = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"id": [f"b{i}" for i in range(5)], "prompt": [f"parquet prompt {i} " * 6 for i in range(5)]}),
+                   b, row_group_size=2)
+    ref, out = tmp_path / "ref", tmp_path / "out"
+
+    def cfg(o):
+        return dataclasses.replace(config(a, o, tiny_dir), inputs=(str(a), str(b)))
+
+    run(cfg(ref), Progress(quiet=True))
+    with pytest.raises(Interrupted, match=r"with 5 of 8 rows committed"):
+        run(cfg(out), StopAfter(3))  # batches: a[0:2], a[2:3], b[0:2] -> stop
+    (doc,) = read_manifests(out)
+    assert [(s["done"], s["next_row"], s["rows"]) for s in doc["shards"].values()] == [(True, 3, 3), (False, 2, 2)]
+    run(cfg(out), Progress(quiet=True))
+    assert comparable_by_id(out) == comparable_by_id(ref)
+
+
+def comparable_by_id(out) -> dict:
+    keys = ("output", "kept_indices", "finish_reason", "num_prompt_tokens", "error")
+    return {r["id"]: tuple(tuple(r[k]) if isinstance(r[k], list) else r[k] for k in keys) for r in read_outputs(out)}
