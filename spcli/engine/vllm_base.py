@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -119,6 +120,7 @@ class VllmBase:
             **{k: v for k, v in kwargs.items() if v is not None},
             **config.engine_kwargs,
         )
+        assert self.llm.llm_engine.vllm_config.parallel_config.worker_cls == WORKER_CLS
         model_config = self.llm.llm_engine.model_config
         self.max_model_len: int = model_config.max_model_len
         self.max_positions: int = model_config.hf_text_config.max_position_embeddings

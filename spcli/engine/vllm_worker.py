@@ -53,22 +53,22 @@ def check_vllm_version(version: str) -> None:
 
 check_vllm_version(vllm.__version__)
 
-from vllm.platforms import current_platform  # noqa: E402  (after the version check)
+from vllm.platforms import current_platform  # after the version check
 
 if current_platform.is_cpu():
     # Importing cpu_worker patches torch.cuda for the whole process: only on CPU.
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner as _BaseRunner  # noqa: E402
-    from vllm.v1.worker.cpu_worker import CPUWorker as _BaseWorker  # noqa: E402
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner as _BaseRunner
+    from vllm.v1.worker.cpu_worker import CPUWorker as _BaseWorker
 else:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as _BaseRunner  # noqa: E402
-    from vllm.v1.worker.gpu_worker import Worker as _BaseWorker  # noqa: E402
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as _BaseRunner
+    from vllm.v1.worker.gpu_worker import Worker as _BaseWorker
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PositionPlan:
     """One request's position map; `remap` is the formula in the module docstring."""
 
-    kept_ids: np.ndarray  # [m] int64, ascending original indices K
+    kept_positions: np.ndarray  # [m] int64, ascending original indices K
     num_prompt: int  # n, the original prompt length
     source: dict  # the extra_args it was built from (identity checked on reuse)
 
@@ -80,9 +80,9 @@ class PositionPlan:
         return cls(kept, n, extra_args)
 
     def remap(self, natural: np.ndarray) -> np.ndarray:  # [T] int64 -> [T] int64
-        m = self.kept_ids.size
+        m = self.kept_positions.size
         shifted = natural + (self.num_prompt - m)
-        return np.where(natural < m, self.kept_ids[np.minimum(natural, m - 1)], shifted)
+        return np.where(natural < m, self.kept_positions[np.minimum(natural, m - 1)], shifted)
 
 
 def _plan_for(extra_args: dict | None) -> PositionPlan | None:
@@ -105,36 +105,49 @@ class PositionRemapMixin:
         return result
 
     def _remap_positions(self, num_scheduled_tokens: np.ndarray) -> None:
+        """Vectorised over the step's tokens; a Python loop only to look plans up and
+        over requests whose step still holds prompt tokens (prefill chunks)."""
         batch = self.input_batch
-        starts = self.query_start_loc.np  # [num_reqs + 1] int32, offsets into the step
-        token_slots, natural_positions, new_positions = [], [], []
-        for i, req_id in enumerate(batch.req_ids[: batch.num_reqs]):
-            plan = self._plan(req_id)
-            if plan is None:
-                continue
-            count = int(num_scheduled_tokens[i])
-            natural = batch.num_computed_tokens_cpu[i] + np.arange(count, dtype=np.int64)
-            token_slots.append(np.arange(starts[i], starts[i] + count, dtype=np.int64))
-            natural_positions.append(natural)
-            new_positions.append(plan.remap(natural))
-        if not token_slots:
+        plans = [self._plan(req_id) for req_id in batch.req_ids[: batch.num_reqs]]
+        rows = np.array([i for i, plan in enumerate(plans) if plan is not None], dtype=np.int64)
+        if rows.size == 0:
             return
-        slots = torch.from_numpy(np.concatenate(token_slots))  # [T'] int64
-        values = torch.from_numpy(np.concatenate(new_positions))  # [T'] int64
+        counts = num_scheduled_tokens[rows].astype(np.int64)  # [R]
+        num_kept = np.array([plans[i].kept_positions.size for i in rows])  # [R] m
+        shift = np.array([plans[i].num_prompt for i in rows]) - num_kept  # [R] n - m
+        first = np.cumsum(counts) - counts  # [R] each row's first token in `natural`
+        token_row = np.repeat(np.arange(rows.size), counts)  # [T']
+        offset = np.arange(token_row.size) - first[token_row]  # [T'] offset within the step
+        slots = self.query_start_loc.np[rows][token_row] + offset  # [T'] index into positions
+        computed = batch.num_computed_tokens_cpu[rows].astype(np.int64)  # [R]
+        natural = computed[token_row] + offset  # [T'] vLLM's positions
+        values = natural + shift[token_row]  # [T'] decode tokens: p + (n - m)
+        for r in np.flatnonzero(computed < num_kept):  # rows with prompt tokens this step
+            span = slice(first[r], first[r] + counts[r])
+            is_prompt = natural[span] < num_kept[r]
+            values[span][is_prompt] = plans[rows[r]].kept_positions[natural[span][is_prompt]]
+        slots_t = torch.from_numpy(slots)
         if self.positions.device.type == "cpu":  # free to check here; a sync on CUDA
-            natural = torch.from_numpy(np.concatenate(natural_positions))
-            assert torch.equal(self.positions[slots], natural), "vLLM moved its positions"
-        self.positions.index_copy_(0, slots.to(self.device), values.to(self.device))
+            assert torch.equal(self.positions[slots_t], torch.from_numpy(natural)), "vLLM moved"
+        self.positions.index_copy_(
+            0, slots_t.to(self.device), torch.from_numpy(values).to(self.device)
+        )
 
     def _plan(self, req_id: str) -> PositionPlan | None:
-        plans: dict[str, PositionPlan | None] = self.__dict__.setdefault("_spcli_plans", {})
-        extra_args = self.requests[req_id].sampling_params.extra_args
+        """The request's plan, built once per request (kept lists can be 100k long)."""
+        plans: dict[str, PositionPlan] = self.__dict__.setdefault("_spcli_plans", {})
+        state = self.requests[req_id]
+        extra_args = state.sampling_params.extra_args if state.sampling_params else None
         plan = plans.get(req_id)
-        if plan is None or plan.source is not extra_args:
-            if len(plans) > 2 * len(self.requests) + 64:  # drop finished requests
+        if plan is not None and plan.source is extra_args:
+            return plan
+        plan = _plan_for(extra_args)
+        if plan is not None:
+            assert plan.kept_positions.size == state.num_prompt_tokens, "one index per token"
+            if len(plans) > 2 * len(self.requests) + 64:  # forget finished requests
                 for stale in [r for r in plans if r not in self.requests]:
                     del plans[stale]
-            plan = plans[req_id] = _plan_for(extra_args)
+            plans[req_id] = plan
         return plan
 
 

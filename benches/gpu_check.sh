@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# --engine vllm on one CUDA GPU, sized for an H200 (141 GB), in under 8 minutes:
+#   1. the vLLM parity tests on CUDA (tests/test_vllm_engine.py: gapped positions vs transformers,
+#      chunked prefill, prefix-cache salt, refusals) and the pure tests of tests/test_vllm_args.py;
+#   2. `spcli run --engine vllm` end to end with a random-weight Llama-3.2-1B-shape base and a 2-layer
+#      speculator on the same GPU (the computed --gpu-memory-utilization is logged), 16 x 8k prompts;
+#   3. benches/vllm_ttft.py (full prefill vs kept tokens, keep 0.1/0.3/0.5) on random weights of
+#      Llama-3.1-8B shape and of Llama-3.1-70B layer shape (40 of its 80 layers: the whole 70B in bf16,
+#      141 GB, does not fit one GPU; depth scales full and pruned alike, so the ratio holds).
+# Nothing is downloaded: models are built from configs; the TTFT runs use vLLM's random "dummy" weights.
+# Needs a Python with vllm==0.32.0 (CUDA) and the torch it pins, plus transformers, pyarrow, typer,
+# rich, orjson, tqdm and pytest; spcli itself is used from this checkout. Writes gpu.txt, tests.txt,
+# run.txt, ttft_8b.txt, ttft_70b.txt under $OUT (default out/gpu_vllm).
+# GPU_CHECK_SCALE=tiny runs the same steps with tiny shapes (on vLLM's CPU build, to check the script).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-out/gpu_vllm}"
+PY="${PYTHON:-python3}"
+SCALE="${GPU_CHECK_SCALE:-full}"
+mkdir -p "$OUT"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "no nvidia-smi"
+  "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)"
+  "$PY" -c "import vllm; print('vllm', vllm.__version__)"
+} 2>&1 | tee "$OUT/gpu.txt"
+if ! "$PY" -c "import vllm" >/dev/null 2>&1; then
+  echo "vLLM is not importable with $PY: install vllm==0.32.0 (CUDA) and its torch first" | tee -a "$OUT/gpu.txt"
+  exit 3
+fi
+
+timeout 90 "$PY" -m pytest tests/test_vllm_engine.py tests/test_vllm_args.py -q -p no:cacheprovider -rs \
+  -k "not speculator_shape" 2>&1 | tee "$OUT/tests.txt"  # that one needs the SmolLM2 tokenizer (not here)
+tests_rc=${PIPESTATUS[0]}
+
+# Models from configs: a WordLevel tokenizer ("w0", "w1", ...) shared by base and speculator.
+cat > "$WORK/e2e.py" <<'EOF'
+import json, math, random, subprocess, sys, time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+work, scale = Path(sys.argv[1]), sys.argv[2]
+gpu = scale == "full"
+vocab = 128256 if gpu else 4096
+# Llama-3.2-1B: hidden 2048, 16 layers, 32 heads, 8 KV heads, ffn 8192 (tied embeddings).
+base = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+            num_key_value_heads=8) if gpu else dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                                     num_attention_heads=4, num_key_value_heads=2)
+spec = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+            num_key_value_heads=2) if gpu else dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                    num_attention_heads=2, num_key_value_heads=1)
+n, rows, max_len = (8192, 16, 16384) if gpu else (600, 4, 2048)
+
+def build(dest, shape):
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(vocab - 3)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(dest)
+    config = LlamaConfig(vocab_size=vocab, max_position_embeddings=max_len, bos_token_id=1, eos_token_id=2,
+                         tie_word_embeddings=False, **shape)
+    torch.manual_seed(0)
+    with torch.device("cuda" if gpu else "cpu"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16 if gpu else torch.float32)
+    model.save_pretrained(dest)
+    del model
+    if gpu:
+        torch.cuda.empty_cache()  # vLLM's start-up wants its share of the GPU free
+    return dest
+
+t0 = time.time()
+base_dir, spec_dir = build(work / "base", base), build(work / "spec", spec)
+rng = random.Random(0)
+with open(work / "in.jsonl", "w") as f:
+    for i in range(rows):
+        f.write(json.dumps({"id": f"p{i}", "prompt": " ".join(f"w{rng.randrange(3, vocab - 3)}" for _ in range(n))}) + "\n")
+print(f"built models and {rows} prompts of {n} words in {time.time() - t0:.0f} s", flush=True)
+main = "import sys\nfrom spcli.cli import main\nif __name__ == '__main__':\n    sys.argv[0] = 'spcli'\n    main()"
+cmd = [sys.executable, "-c", main, "run", str(work / "in.jsonl"), "--out", str(work / "out"), "--engine", "vllm",
+       "--model", str(base_dir), "--speculator", str(spec_dir), "--keep", "0.1", "--max-tokens", "16",
+       "--batch-size", str(rows), "--max-model-len", str(max_len), "--dtype", "bfloat16" if gpu else "float32",
+       "--enforce-eager"]  # torch.compile + CUDA graphs would cost minutes of start-up
+proc = subprocess.run(cmd, capture_output=True, text=True)
+lines = [l for l in proc.stderr.splitlines() if not l.startswith("(")]  # vLLM's own lines start "(Engine..."
+print("\n".join(lines[-12:]))
+print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "(no stdout)")
+import pyarrow.parquet as pq
+out = [r for p in sorted((work / "out").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+ok = proc.returncode == 0 and len(out) == rows and all(r["error"] is None for r in out)
+ok = ok and all(r["num_kept_tokens"] == max(math.ceil(0.1 * r["num_prompt_tokens"]), 4 + 64) for r in out)
+ttft = sorted(r["ttft_s"] for r in out)
+print(f"e2e {'OK' if ok else 'FAILED'}: exit {proc.returncode}, {len(out)} rows, ttft median {ttft[len(ttft) // 2]:.3f} s"
+      if out else f"e2e FAILED: exit {proc.returncode}, no rows")
+sys.exit(0 if ok else 1)
+EOF
+timeout 140 "$PY" "$WORK/e2e.py" "$WORK" "$SCALE" 2>&1 | tee "$OUT/run.txt"
+run_rc=${PIPESTATUS[0]}
+
+# TTFT with vLLM's random weights: folders hold config.json + tokenizer only; the bench's engine config
+# gets load_format="dummy" (wrapped here, so benches/vllm_ttft.py stays as it is).
+cat > "$WORK/ttft.py" <<'EOF'
+import json, sys
+from pathlib import Path
+
+
+def main(dest: Path, shape: dict, argv: list[str]) -> None:
+    sys.path.insert(0, "benches")
+    import vllm_ttft
+    from transformers import LlamaConfig
+
+    import spcli.engine.vllm_base as vllm_base
+
+    dest.mkdir(parents=True)  # build_model for its tokenizer; the weights come from load_format="dummy"
+    tiny = dict(shape, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=32)
+    vllm_ttft.build_model(dest, tiny)
+    for f in dest.glob("*.safetensors"):
+        f.unlink()
+    LlamaConfig(**shape, dtype="bfloat16").save_pretrained(dest)
+    config = vllm_base.VllmBaseConfig
+    vllm_base.VllmBaseConfig = lambda **kw: config(
+        **{**kw, "engine_kwargs": {**kw.get("engine_kwargs", {}), "load_format": "dummy"}})
+    print(f"{dest.name}: {json.dumps(shape)}", flush=True)
+    vllm_ttft.main(["--model", str(dest), *argv])
+
+
+if __name__ == "__main__":  # vLLM's spawned processes import this file as __mp_main__
+    main(Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3:])
+EOF
+ttft() {  # name, timeout, shape json, bench args...
+  local name=$1 limit=$2 shape=$3; shift 3
+  timeout "$limit" "$PY" "$WORK/ttft.py" "$WORK/$name" "$shape" "$@" 2>&1 | tee "$OUT/ttft_$name.txt"
+  return "${PIPESTATUS[0]}"
+}
+# Llama-3.1-8B: hidden 4096, 32 layers, 32 heads, 8 KV heads, ffn 14336, vocab 128256.
+LLAMA_8B='{"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": false}'
+# Llama-3.1-70B layers: hidden 8192, 64 heads, 8 KV heads, ffn 28672 (40 of 80 layers, see above).
+LLAMA_70B_40L='{"vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 40, "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 131072, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": false}'
+if [ "$SCALE" = full ]; then
+  ttft 8b 100 "$LLAMA_8B" --n 16384 --batch 8 --repeats 2 --dtype bfloat16; ttft8_rc=$?
+  ttft 70b 120 "$LLAMA_70B_40L" --n 8192 --batch 4 --repeats 2 --dtype bfloat16; ttft70_rc=$?
+else
+  SMALL='{"vocab_size": 32000, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": false}'
+  ttft 8b 100 "$SMALL" --n 512 --batch 2 --repeats 1 --dtype float32; ttft8_rc=$?
+  ttft70_rc=0
+fi
+echo "tests exit $tests_rc, run exit $run_rc, ttft 8b exit $ttft8_rc, ttft 70b exit $ttft70_rc" | tee -a "$OUT/gpu.txt"
+[ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ] && [ "$ttft8_rc" -eq 0 ] && [ "$ttft70_rc" -eq 0 ]

