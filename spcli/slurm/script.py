@@ -9,7 +9,9 @@ inputs itself (`spcli.slurm.tasks`). The script makes a task survive time limits
 - On exit 75 the task requeues itself (`scontrol requeue JOB_TASK`) while SLURM_RESTART_COUNT
   < max_requeues and the job is still RUNNING; a job being cancelled (`scancel`) or killed is
   never requeued, so a 75 caused by scancel's TERM does not bring the task back.
-- Exit 0 is done; 1, 2, any other code, or 75 past the limit end the task with that code.
+- Exit 0 is done; 1, 2, any other code, or 75 past the limit end the task with that code. After a
+  forwarded signal, a code above 128 (spcli killed by it before installing its handler, or after
+  removing it on the way out) counts as 75.
 
 Every attempt appends one line to <out>/slurm/attempts-<task>.log (see `Attempt`).
 """
@@ -169,9 +171,9 @@ restarts=${{SLURM_RESTART_COUNT:-0}}  # unset until the first requeue
 host=${{SLURMD_NODENAME:-$(hostname)}}
 
 # With --signal=B:... only this shell gets the signal: pass it on to the srun step.
-pid='' pending='' interrupted=0
+pid='' pending='' interrupted=0 signalled=0
 forward() {{
-  interrupted=1
+  interrupted=1 signalled=1
   if [ -n "$pid" ]; then kill -s "$1" "$pid" 2>/dev/null; else pending=$1; fi
 }}
 trap 'forward USR1' USR1
@@ -193,8 +195,10 @@ done
 action=failed
 if [ "$code" -eq 0 ]; then
   action="done"
-elif [ "$code" -eq {resumable} ]; then
+elif [ "$code" -eq {resumable} ] || {{ [ "$signalled" = 1 ] && [ "$code" -gt 128 ]; }}; then
   # scancel and kills also end in 75 (spcli commits on TERM); only a RUNNING job is requeued.
+  # A signal that reaches spcli outside its handler (Python still starting, or already exiting)
+  # kills it: srun exits 128+n. Nothing is ever half committed, so that resumes like 75.
   state=$(squeue --noheader --jobs="$job" --format=%T 2>/dev/null)
   if [ "$restarts" -ge "$max_requeues" ]; then
     action=gave-up
