@@ -135,7 +135,7 @@ def test_prompt_longer_than_the_context_is_an_error_row_by_default(matrix, tiny_
     src, rows, by_row, _ = matrix
     n = len(AutoTokenizer.from_pretrained(tiny_dir)(LONG)["input_ids"])
     row = by_row[rows["too_long"]]
-    assert row["error"] == (f"{src}:row {rows['too_long']}: prompt has {n} tokens, more than the 4094 the model allows "
+    assert row["error"] == (f"{src}:line {rows['too_long'] + 1}: prompt has {n} tokens, more than the 4094 the model allows "
                             "with max_tokens; use --truncate left|middle to cut it")
 
 
