@@ -5,9 +5,7 @@ Wires, for one batch of records: tokenize -> speculate -> score -> select -> pre
 
 from __future__ import annotations
 
-import hashlib
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -15,29 +13,10 @@ from spcli import models
 from spcli.config import RunConfig
 from spcli.engine import load
 from spcli.engine.prefill import PrunedPrompt, generate_pruned
-from spcli.engine.select import is_pruned, select_tokens
-from spcli.engine.speculate import speculate
-from spcli.engine.tokenize import tokenize
+from spcli.engine.prepare import Prepared, error_row, prepare, row_seed, where_of
 from spcli.errors import RecordError
-from spcli.io.records import Record, shard_kind, where
+from spcli.io.records import Record
 from spcli.io.schema import RowResult
-
-
-def row_seed(seed: int, row_id: str) -> int:
-    """A per-row sampling seed: stable across batching, resume and Slurm tasks."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{row_id}".encode()).digest()[:7], "big")
-
-
-@dataclass
-class Prepared:
-    index: int  # position in the batch
-    record: Record
-    input_ids: list[int]
-    kept: torch.Tensor  # [m] int64 ascending
-    keep: float
-    max_tokens: int
-    speculate_s: float
-    importance: torch.Tensor | None  # [n] float32
 
 
 class HFEngine:
@@ -70,24 +49,12 @@ class HFEngine:
                 self._speculator = load.load_causal_lm(path, self.dtype, self.device).model
         return self._speculator
 
-    def _where(self, rec: Record) -> str:
-        path = self.shard_paths[rec.shard]
-        return where(path, rec.row, shard_kind(path))
-
     def _error(self, rec: Record, message: str) -> RowResult:
-        return RowResult(rec.id, self.shard_paths[rec.shard], rec.row, error=message,
-                         custom_id=rec.custom_id, endpoint=rec.endpoint)
+        return error_row(rec, self.shard_paths, message)
 
     def _prepare(self, i: int, rec: Record) -> Prepared:
-        max_tokens = rec.max_tokens or self.cfg.generate.max_tokens
-        ids = tokenize(rec, self.tokenizer, self.max_positions - max_tokens, self.cfg.truncate)
-        keep = rec.keep if rec.keep is not None else self.cfg.select.keep
-        n = len(ids)
-        if not is_pruned(n, self.cfg.select, keep):
-            return Prepared(i, rec, ids, torch.arange(n), keep, max_tokens, 0.0, None)
-        spec = speculate(self.speculator, ids, self.cfg.score, self.eos_ids, self.device)
-        kept = select_tokens(spec.importance, self.cfg.select, keep)
-        return Prepared(i, rec, ids, kept, keep, max_tokens, spec.speculate_s + spec.score_s, spec.importance)
+        return prepare(i, rec, self.cfg, self.tokenizer, self.max_positions, lambda: self.speculator,
+                       self.eos_ids, self.device)
 
     def run_batch(self, records: list[Record]) -> list[RowResult]:
         t0 = time.perf_counter()
@@ -100,7 +67,7 @@ class HFEngine:
             try:
                 ready.append(self._prepare(i, rec))
             except RecordError as e:
-                results[i] = self._error(rec, f"{self._where(rec)}: {e}")
+                results[i] = self._error(rec, f"{where_of(rec, self.shard_paths)}: {e}")
         if ready:
             for p, r in zip(ready, self._generate(ready, t0)):
                 results[p.index] = r
@@ -119,7 +86,7 @@ class HFEngine:
         except (RuntimeError, MemoryError) as e:
             if len(ready) == 1:
                 rec = ready[0].record
-                return [self._error(rec, f"{self._where(rec)}: model failed: {e}")]
+                return [self._error(rec, f"{where_of(rec, self.shard_paths)}: model failed: {e}")]
             self.log(f"batch of {len(ready)} failed ({e}); retrying one row at a time")
             return [r for p in ready for r in self._generate([p], time.perf_counter())]
         ttft = time.perf_counter() - t0 - timing.decode_s

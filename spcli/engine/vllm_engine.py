@@ -24,15 +24,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
-
 from spcli import models
 from spcli.config import RunConfig
 from spcli.engine import load
-from spcli.engine.hf import Prepared, row_seed
-from spcli.engine.select import is_pruned, select_tokens
-from spcli.engine.speculate import speculate
-from spcli.engine.tokenize import tokenize
+from spcli.engine.prepare import Prepared, error_row, prepare, row_seed, where_of
 from spcli.engine.vllm_args import (
     DTYPE_BYTES, GiB, SpeculatorShape, cpu_env_defaults, engine_args, gpu_memory_utilization, read_model_config,
     speculator_reserve_bytes,
@@ -146,24 +141,11 @@ class VllmEngine:
         return self._speculator
 
     def _error(self, rec: Record, message: str) -> RowResult:
-        return RowResult(rec.id, self.shard_paths[rec.shard], rec.row, error=message,
-                         custom_id=rec.custom_id, endpoint=rec.endpoint)
+        return error_row(rec, self.shard_paths, message)
 
     def _prepare(self, i: int, rec: Record) -> Prepared:
-        max_tokens = rec.max_tokens or self.cfg.generate.max_tokens
-        ids = tokenize(rec, self.tokenizer, self.max_positions - max_tokens, self.cfg.truncate)
-        keep = rec.keep if rec.keep is not None else self.cfg.select.keep
-        n = len(ids)
-        if not is_pruned(n, self.cfg.select, keep):
-            return Prepared(i, rec, ids, torch.arange(n), keep, max_tokens, 0.0, None)
-        try:
-            spec = speculate(self.speculator, ids, self.cfg.score, self.eos_ids, self.device)
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            raise RecordError(f"the speculator ran out of GPU memory on {n} tokens; its share of the GPU is "
-                              "sized for prompts up to --max-model-len tokens") from None
-        kept = select_tokens(spec.importance, self.cfg.select, keep)
-        return Prepared(i, rec, ids, kept, keep, max_tokens, spec.speculate_s + spec.score_s, spec.importance)
+        return prepare(i, rec, self.cfg, self.tokenizer, self.max_positions, lambda: self.speculator,
+                       self.eos_ids, self.device)
 
     def run_batch(self, records: list[Record]) -> list[RowResult]:
         t0 = time.perf_counter()
@@ -178,7 +160,7 @@ class VllmEngine:
                 self.base.check_request(self._request(p))  # e.g. kept + max_tokens > max_model_len
                 ready.append(p)
             except RecordError as e:
-                results[i] = self._error(rec, f"{self.shard_paths[rec.shard]}:row {rec.row}: {e}")
+                results[i] = self._error(rec, f"{where_of(rec, self.shard_paths)}: {e}")
         if ready:
             for p, r in zip(ready, self._generate(ready, t0)):
                 results[p.index] = r
