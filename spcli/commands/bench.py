@@ -1,14 +1,51 @@
-"""`spcli bench`."""
+"""`spcli bench`: TTFT of full prefill vs spcli (speculator included), the ratio and its limit, QPS."""
 
 from __future__ import annotations
 
-import typer
+from typing import Annotated, Optional
 
-from spcli.errors import NotImplementedFeature
+import typer
 
 
 def register(app: typer.Typer) -> None:
     @app.command(name="bench")
-    def _cmd() -> None:
-        """Not implemented yet."""
-        raise NotImplementedFeature("spcli bench is not implemented yet")
+    def _cmd(
+        model: Annotated[str, typer.Option(help="Base model; random-405b = random weights with the 8B/405B cost ratio.")] = "smollm2-135m",
+        speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self:K. Default: the model's (random-8b for random-405b).")] = None,
+        keep: Annotated[str, typer.Option(help="Keep rates, comma-separated.")] = "0.1,0.3,0.5",
+        lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "2048",
+        batch: Annotated[int, typer.Option(help="Prompts per batch.")] = 1,
+        repeats: Annotated[int, typer.Option(help="Timed repetitions (the best time is reported).")] = 3,
+        warmup: Annotated[int, typer.Option(help="Untimed repetitions first.")] = 1,
+        max_tokens: Annotated[int, typer.Option(help="Decoded tokens per prompt for end-to-end throughput.")] = 16,
+        ttft_limit: Annotated[Optional[float], typer.Option(help="TTFT limit in s for max QPS. Default: 2 x full-prefill TTFT.")] = None,
+        seed: Annotated[int, typer.Option(help="Which text windows become the prompts.")] = 0,
+        lookahead: Annotated[int, typer.Option(help="Speculator look-ahead tokens.")] = 8,
+        pool: Annotated[int, typer.Option(help="Average-pool kernel over token scores (odd).")] = 13,
+        chunk: Annotated[int, typer.Option(help="Tokens per selection chunk.")] = 32,
+        keep_first: Annotated[int, typer.Option(help="First tokens always kept.")] = 4,
+        keep_last: Annotated[int, typer.Option(help="Last tokens always kept.")] = 64,
+        score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
+        dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
+        device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+        json: Annotated[bool, typer.Option("--json", help="Print one JSON object per configuration instead of a table.")] = False,
+        out: Annotated[Optional[str], typer.Option(help="Also write bench.json and bench_speedup.png into this directory.")] = None,
+    ) -> None:
+        """Measure full-prefill TTFT vs spcli TTFT on the same prompts in one run; ratios, limits, throughput, QPS."""
+        from spcli.benchmark.config import BenchConfig
+        from spcli.benchmark.report import write_outputs
+        from spcli.benchmark.run import json_lines, run_bench, text_table
+        from spcli.config import ScoreConfig, SelectConfig
+        from spcli.evaluate.config import split_list
+
+        cfg = BenchConfig(
+            model=model, speculator=speculator, keeps=split_list(keep, float, "--keep"),
+            lengths=split_list(lengths, int, "--lengths"), batch=batch, repeats=repeats, warmup=warmup,
+            max_tokens=max_tokens, ttft_limit_s=ttft_limit, seed=seed, dtype=dtype, device=device, json=json,
+            select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=0),
+            score=ScoreConfig(lookahead=lookahead, pool=pool, impl=score_impl),
+        )
+        results = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))
+        typer.echo(json_lines(results) if cfg.json else text_table(results))
+        if out:
+            write_outputs(out, cfg, results)

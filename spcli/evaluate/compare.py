@@ -1,0 +1,167 @@
+"""Run each example through full prefill and through every selector at every keep rate, in one process.
+
+Per example: one full prefill (the reference: greedy tokens and first-step log-probs), one speculator
+pass shared by every speculator-based selector and keep rate, then per keep rate one batched base
+pass over all selectors (equal kept lengths, so no padding). Keep 1.0 reuses the full run whenever a
+selector keeps every token (it always does: select_tokens returns all indices at keep 1.0).
+
+Timings per row: the selector's own cost (speculator pass for specprefill and self-information, none
+for the rest) + its selection + its share (1/rows) of the batched base prefill. They are estimates
+for the plots; `spcli bench` measures speed properly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from spcli import models
+from spcli.engine import load
+from spcli.engine.prefill import Generation, PrunedPrompt, generate_pruned
+from spcli.engine.tokenize import tokenize
+from spcli.evaluate import metrics
+from spcli.evaluate.config import EvalConfig
+from spcli.evaluate.selectors import USES_SPECULATOR, Signals, random_seed, select, speculator_signals
+from spcli.evaluate.tasks import Example
+from spcli.io.records import Record
+
+
+@dataclass
+class Models:
+    base: torch.nn.Module
+    tokenizer: object
+    eos_ids: set[int]
+    pad_id: int
+    device: torch.device
+    max_positions: int
+    speculator_name: str
+    _speculator: torch.nn.Module | None = None
+
+    @property
+    def speculator(self) -> torch.nn.Module:
+        if self._speculator is None:
+            k = load.parse_self(self.speculator_name)
+            if k is not None:
+                self._speculator = load.first_layers(self.base, k)
+            else:
+                path = models.locate(self.speculator_name)
+                load.check_same_vocabulary(self.tokenizer, load.load_tokenizer(path), "the base model", self.speculator_name)
+                dtype = next(self.base.parameters()).dtype
+                name = {v: k for k, v in load.TORCH_DTYPES.items()}[dtype]
+                self._speculator = load.load_causal_lm(path, name, self.device).model
+        return self._speculator
+
+
+def load_models(cfg: EvalConfig) -> Models:
+    device = load.pick_device(cfg.device)
+    path = models.locate(cfg.model)
+    base = load.load_causal_lm(path, cfg.dtype or models.default_dtype(cfg.model), device).model
+    tokenizer = load.load_tokenizer(path)
+    eos_ids = load.eos_token_ids(base, tokenizer)
+    pad = tokenizer.pad_token_id
+    return Models(
+        base, tokenizer, eos_ids, int(pad if pad is not None else min(eos_ids, default=0)), device,
+        int(getattr(base.config, "max_position_embeddings", 1 << 30)),
+        cfg.speculator or models.default_speculator(cfg.model),
+    )
+
+
+@dataclass
+class ExampleResult:
+    rows: list[dict] = field(default_factory=list)  # one per (selector, keep), plus the full-prefill row
+    overlaps: list[dict] = field(default_factory=list)  # Jaccard of kept sets per selector pair and keep
+
+
+def needle_spans(tokenizer, example: Example, ids: list[int]) -> list[tuple[int, int]]:
+    """Token [start, end) spans of the example's needle sentences (empty when offsets do not line up)."""
+    if not example.needles:
+        return []
+    if example.messages is not None:
+        text = tokenizer.apply_chat_template(example.messages, add_generation_prompt=True, tokenize=False)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    else:
+        text = example.prompt
+        enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+    if list(enc["input_ids"]) != ids:
+        return []
+    spans = []
+    for needle in example.needles:
+        start = text.find(needle)
+        if start < 0:
+            continue
+        end = start + len(needle)
+        toks = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < end and b > start]
+        if toks:
+            spans.append((toks[0], toks[-1] + 1))
+    return spans
+
+
+def _row(example, selector, keep, n, kept, gen: Generation, ref: Generation, text, spans, cfg, timing) -> dict:
+    has_answers = bool(example.answers)
+    return {
+        "id": example.id, "task": example.task, "num_prompt_tokens": n, "selector": selector, "keep": keep,
+        "num_kept": int(kept.numel()),
+        "first_token": metrics.first_token_agrees(ref.token_ids, gen.token_ids),
+        "prefix_match": metrics.prefix_matches(ref.token_ids, gen.token_ids, cfg.compare_tokens),
+        "kl": metrics.kl_divergence(ref.first_logprobs, gen.first_logprobs),
+        "contains": metrics.contains(text, example.answers, example.require_all) if has_answers else None,
+        "exact": metrics.exact_match(text, example.answers, example.require_all) if has_answers else None,
+        "f1": metrics.token_f1(text, example.answers, example.require_all) if has_answers else None,
+        "needle_kept": metrics.covered(kept, spans), "output": text, **timing,
+    }
+
+
+def evaluate_example(m: Models, example: Example, cfg: EvalConfig) -> ExampleResult:
+    max_tokens = max(cfg.max_tokens or example.max_tokens, cfg.compare_tokens)
+    record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
+    ids = tokenize(record, m.tokenizer, m.max_positions - max_tokens, "error")
+    n = len(ids)
+    ids_t = torch.tensor(ids)  # [n]
+    spans = needle_spans(m.tokenizer, example, ids)
+    decode = lambda gen: m.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+    run = lambda prompts: generate_pruned(m.base, prompts, m.eos_ids, m.pad_id, m.device, keep_first_logprobs=True)
+
+    everything = torch.arange(n)
+    (ref,), full_t = run([PrunedPrompt(ids_t, everything, n, max_tokens)])
+    ref_text = decode(ref)
+    result = ExampleResult()
+    result.rows.append(_row(example, "full", 1.0, n, everything, ref, ref, ref_text, spans, cfg,
+                            {"ttft_s": full_t.prefill_s, "prefill_s": full_t.prefill_s, "selector_s": 0.0, "select_s": 0.0}))
+
+    signals: Signals | None = None
+    if any(s in USES_SPECULATOR for s in cfg.selectors) and cfg.pruned_keeps and n >= cfg.select.min_tokens:
+        signals = speculator_signals(m.speculator, ids, cfg.score, m.eos_ids, m.device)
+    own_cost = {s: 0.0 for s in cfg.selectors}
+    if signals is not None:
+        own_cost["specprefill"] = signals.speculate_s + signals.score_s
+        own_cost["self-information"] = signals.speculate_s + signals.surprisal_s
+    seed = random_seed(cfg.seed, example.id)
+
+    for keep in sorted(set(cfg.keeps)):
+        chosen: dict[str, torch.Tensor] = {}
+        select_s: dict[str, float] = {}
+        for s in cfg.selectors:
+            t0 = time.perf_counter()
+            chosen[s] = select(s, n, signals if s in USES_SPECULATOR else None, cfg.select, keep, seed)
+            select_s[s] = time.perf_counter() - t0
+        pruned = [s for s in cfg.selectors if chosen[s].numel() < n]
+        gens: dict[str, Generation] = {s: ref for s in cfg.selectors if s not in pruned}
+        share = {s: full_t.prefill_s for s in gens}
+        if pruned:
+            out, timing = run([PrunedPrompt(ids_t[chosen[s]], chosen[s], n, max_tokens) for s in pruned])
+            gens.update(zip(pruned, out))
+            share.update({s: timing.prefill_s / len(pruned) for s in pruned})
+        for s in cfg.selectors:
+            cost = own_cost[s] if s in pruned else 0.0
+            timing = {"ttft_s": cost + select_s[s] + share[s], "prefill_s": share[s], "selector_s": cost,
+                      "select_s": select_s[s]}
+            text = ref_text if gens[s] is ref else decode(gens[s])
+            result.rows.append(_row(example, s, keep, n, chosen[s], gens[s], ref, text, spans, cfg, timing))
+        names = list(cfg.selectors)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                result.overlaps.append({"id": example.id, "task": example.task, "keep": keep, "a": a, "b": b,
+                                        "jaccard": metrics.jaccard(chosen[a], chosen[b])})
+    return result

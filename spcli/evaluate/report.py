@@ -1,0 +1,162 @@
+"""Eval output: a terminal table, results.json, PNG plots (matplotlib Agg) and an optional HTML page."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import os
+from pathlib import Path
+
+from spcli.evaluate.summary import TASK_METRIC
+
+COLUMNS = (  # header, how to read it from a summary entry[, digits]
+    ("acc", lambda e: e["metrics"][TASK_METRIC]),
+    ("acc-full", lambda e: e["delta_vs_full"]),
+    ("acc-spec", lambda e: e["delta_vs_specprefill"] if e["selector"] not in ("full", "specprefill") else None),
+    ("1st-tok", lambda e: e["metrics"]["first_token"]),
+    ("EM16", lambda e: e["metrics"]["prefix_match"]),
+    ("KL", lambda e: e["metrics"]["kl"], 3),
+    ("needle kept", lambda e: e["metrics"]["needle_kept"]),
+    ("overlap/spec", lambda e: e["overlap"].get("specprefill")),
+    ("speedup", lambda e: e["speedup"]),
+)
+
+
+MARKERS = ("o", "s", "^", "v", "D", "x")
+STYLES = ("-", "--", "-.", ":", "-", "--")
+
+
+def fmt(ci: dict | None, digits: int = 2) -> str:
+    if not ci or ci["n"] == 0 or ci["mean"] is None or math.isnan(ci["mean"]):
+        return "-"
+    return f"{ci['mean']:.{digits}f} [{ci['lo']:.{digits}f},{ci['hi']:.{digits}f}]"
+
+
+def table_rows(summary: list[dict], task: str) -> list[list[str]]:
+    rows = []
+    for e in summary:
+        if e["task"] != task:
+            continue
+        if e["keep"] == 1.0 and e["selector"] != "full":
+            continue  # identical to full prefill (every token kept); kept in results.json and the plots
+        rows.append([e["selector"], f"{e['keep']:.2f}", str(e["n"]), f"{100 * e['kept_fraction']['mean']:.1f}"]
+                    + [fmt(col[1](e), *col[2:]) for col in COLUMNS])
+    return rows
+
+
+def headers() -> list[str]:
+    return ["selector", "keep", "n", "kept%"] + [col[0] for col in COLUMNS]
+
+
+def text_table(summary: list[dict]) -> str:
+    out = []
+    for task in dict.fromkeys(e["task"] for e in summary):
+        rows = [headers()] + table_rows(summary, task)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        tokens = next(e["prompt_tokens"]["mean"] for e in summary if e["task"] == task)
+        out.append(f"task {task} (~{tokens:.0f} prompt tokens; mean [95% bootstrap CI]; acc-full, acc-spec: paired differences)")
+        for i, r in enumerate(rows):
+            out.append("  ".join(c.ljust(w) if j < 1 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))
+            if i == 0:
+                out.append("  ".join("-" * w for w in widths))
+        out.append("")
+    return "\n".join(out)
+
+
+def markdown_table(summary: list[dict], task: str) -> str:
+    lines = ["| " + " | ".join(headers()) + " |", "|" + "---|" * len(headers())]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(summary, task)]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, results: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=1, allow_nan=True))
+    os.replace(tmp, path)
+
+
+def _series(summary, task, selector, key, getter):
+    pts = sorted((e["keep"], getter(e)) for e in summary if e["task"] == task and e["selector"] == selector)
+    pts = [(k, ci) for k, ci in pts if ci and ci["n"] and not math.isnan(ci["mean"])]
+    return [k for k, _ in pts], [c["mean"] for _, c in pts], [c["lo"] for _, c in pts], [c["hi"] for _, c in pts]
+
+
+def plot(summary: list[dict], out_dir: Path) -> list[Path]:
+    """quality_<task>.png (accuracy, first-token agreement, KL vs keep) and speedup_<task>.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for task in dict.fromkeys(e["task"] for e in summary):
+        selectors = [s for s in dict.fromkeys(e["selector"] for e in summary if e["task"] == task) if s != "full"]
+        full = next(e for e in summary if e["task"] == task and e["selector"] == "full")
+        panels = [("accuracy (contains)", lambda e: e["metrics"][TASK_METRIC]),
+                  ("first 16 tokens = full prefill's", lambda e: e["metrics"]["prefix_match"]),
+                  ("KL(full || pruned), nats", lambda e: e["metrics"]["kl"])]
+        if full["metrics"]["needle_kept"]["n"]:
+            panels.append(("fraction of needle tokens kept", lambda e: e["metrics"]["needle_kept"]))
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4))
+        for ax, (title, get) in zip(axes, panels):
+            ref = get(full)
+            if ref["n"] and not math.isnan(ref["mean"]):
+                ax.axhline(ref["mean"], color="k", ls="--", lw=1, label="full prefill")
+                ax.axhspan(ref["lo"], ref["hi"], color="k", alpha=0.08)
+            for i, s in enumerate(selectors):
+                x, y, lo, hi = _series(summary, task, s, title, get)
+                if x:
+                    line, = ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ls=STYLES[i % len(STYLES)], label=s)
+                    ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15)
+            ax.set_xlabel("keep rate")
+            ax.set_title(title)
+            if not title.startswith("KL"):
+                ax.set_ylim(-0.05, 1.05)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"{task}: quality vs keep rate (n={full['n']}, 95% bootstrap CI)")
+        fig.tight_layout()
+        written.append(out_dir / f"quality_{task}.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        ax.axhline(1.0, color="k", ls="--", lw=1, label="full prefill")
+        for i, s in enumerate(selectors):
+            x, y, lo, hi = _series(summary, task, s, "speedup", lambda e: e["speedup"])
+            if x:
+                line, = ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ls=STYLES[i % len(STYLES)], label=s)
+                ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15)
+        ax.set_xlabel("keep rate")
+        ax.set_yscale("log")
+        ax.set_ylabel("TTFT speedup (selector cost included)")
+        ax.set_title(f"{task}: speedup estimated from eval timings\n(spcli bench measures it properly)", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(out_dir / f"speedup_{task}.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
+
+
+def write_html(path: Path, results: dict, images: list[Path]) -> None:
+    """One self-contained page: the tables and the plots inlined as base64 PNGs."""
+    summary = results["summary"]
+    parts = ["<html><head><meta charset='utf-8'><title>spcli eval</title><style>"
+             "body{font-family:sans-serif;margin:2em} td,th{padding:2px 8px;border-bottom:1px solid #ddd;"
+             "text-align:right} td:first-child{text-align:left}</style></head><body><h1>spcli eval</h1>",
+             f"<pre>{html.escape(json.dumps(results['config'], indent=1))}</pre>"]
+    for task in dict.fromkeys(e["task"] for e in summary):
+        parts.append(f"<h2>{html.escape(task)}</h2><table><tr>" + "".join(f"<th>{h}</th>" for h in headers()) + "</tr>")
+        for r in table_rows(summary, task):
+            parts.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>")
+        parts.append("</table>")
+        for img in images:
+            if img.stem.endswith(task):
+                data = base64.b64encode(img.read_bytes()).decode()
+                parts.append(f"<img src='data:image/png;base64,{data}' style='max-width:100%'>")
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts))

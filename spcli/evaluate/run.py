@@ -1,0 +1,79 @@
+"""`spcli eval`: examples -> full vs pruned runs -> summary with CIs -> table, results.json, plots."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from spcli.errors import OutputError
+from spcli.evaluate import report
+from spcli.evaluate.compare import evaluate_example, load_models
+from spcli.evaluate.config import EvalConfig
+from spcli.evaluate.inputs import read_examples
+from spcli.evaluate.summary import summarize
+from spcli.evaluate.tasks import Example, generate
+
+
+GENERATION_ROOM = 64  # tokens left free for the answer when a length meets the model's context
+
+
+def build_examples(cfg: EvalConfig, tokenizer, max_positions: int = 1 << 30, log=print) -> list[Example]:
+    examples = []
+    for n in cfg.lengths:
+        fitted = min(n, max_positions - GENERATION_ROOM)
+        if fitted < n:
+            log(f"length {n} leaves no room to answer in the model's {max_positions} positions: using {fitted}")
+        examples += [ex for task in cfg.tasks for ex in generate(task, tokenizer, fitted, cfg.samples, cfg.seed)]
+    if cfg.inputs:
+        examples += read_examples(cfg.inputs, cfg.samples)
+    return examples
+
+
+def environment() -> dict:
+    return {
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "machine": platform.machine(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(),
+    }
+
+
+def run_eval(cfg: EvalConfig, log=print) -> dict:
+    out = Path(cfg.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create --out {out}: {e}") from e
+    t_start = time.perf_counter()
+    env_start = environment()
+    m = load_models(cfg)
+    examples = build_examples(cfg, m.tokenizer, m.max_positions, log)
+    log(f"eval: {len(examples)} examples, selectors {', '.join(cfg.selectors)}, keep {', '.join(map(str, cfg.keeps))}, "
+        f"speculator {m.speculator_name}, device {m.device}")
+    rows, overlaps = [], []
+    for i, ex in enumerate(examples):
+        t0 = time.perf_counter()
+        res = evaluate_example(m, ex, cfg)
+        rows += res.rows
+        overlaps += res.overlaps
+        elapsed = time.perf_counter() - t_start
+        eta = elapsed / (i + 1) * (len(examples) - i - 1)
+        full = res.rows[0]
+        log(f"[{i + 1}/{len(examples)}] {ex.id}: {full['num_prompt_tokens']} tokens, {time.perf_counter() - t0:.1f} s, "
+            f"full says {full['output'][:48]!r}; ETA {eta:.0f} s")
+    summary = summarize(rows, overlaps, cfg.bootstrap, cfg.seed)
+    results = {
+        "config": cfg.to_dict(), "speculator": m.speculator_name, "environment": env_start,
+        "load_average_end": os.getloadavg(), "wall_s": time.perf_counter() - t_start,
+        "summary": summary, "rows": rows, "overlaps": overlaps,
+    }
+    report.write_json(out / "results.json", results)
+    images = report.plot(summary, out)
+    if cfg.html:
+        report.write_html(out / "report.html", results, images)
+    log(f"wrote {out / 'results.json'} and {', '.join(p.name for p in images)}" + (", report.html" if cfg.html else ""))
+    return results

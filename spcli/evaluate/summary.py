@@ -1,0 +1,44 @@
+"""Per (task, selector, keep) means with 95% bootstrap intervals; differences paired per example
+against full prefill and against SpecPrefill at the same keep rate."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from spcli.evaluate.metrics import bootstrap, bootstrap_ratio
+
+METRICS = ("contains", "exact", "f1", "first_token", "prefix_match", "kl", "needle_kept")
+TASK_METRIC = "contains"  # "accuracy" in tables: exact/contains match, fraction found when all answers are required
+
+
+def summarize(rows: list[dict], overlaps: list[dict], num_resamples: int = 2000, seed: int = 0) -> list[dict]:
+    """One entry per (task, selector, keep), full prefill first; every number an Interval dict with n."""
+    full = {r["id"]: r for r in rows if r["selector"] == "full"}
+    spec = {(r["id"], r["keep"]): r for r in rows if r["selector"] == "specprefill"}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["task"], r["selector"], r["keep"])].append(r)
+    pairs: dict[tuple, list[float]] = defaultdict(list)
+    for o in overlaps:
+        pairs[(o["task"], o["a"], o["keep"], o["b"])].append(o["jaccard"])
+        pairs[(o["task"], o["b"], o["keep"], o["a"])].append(o["jaccard"])
+
+    ci = lambda values: bootstrap(values, num_resamples, seed).to_dict()
+    out = []
+    for (task, selector, keep), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "full", kv[0][1], kv[0][2])):
+        refs = [full[r["id"]] for r in group]
+        entry = {
+            "task": task, "selector": selector, "keep": keep, "n": len(group),
+            "kept_fraction": ci([r["num_kept"] / r["num_prompt_tokens"] for r in group]),
+            "prompt_tokens": ci([r["num_prompt_tokens"] for r in group]),
+            "metrics": {m: ci([r[m] for r in group]) for m in METRICS},
+            "delta_vs_full": ci([None if r[TASK_METRIC] is None else r[TASK_METRIC] - f[TASK_METRIC]
+                                 for r, f in zip(group, refs)]),
+            "delta_vs_specprefill": ci([None if (r["id"], keep) not in spec or r[TASK_METRIC] is None
+                                        else r[TASK_METRIC] - spec[(r["id"], keep)][TASK_METRIC] for r in group]),
+            "speedup": bootstrap_ratio([f["ttft_s"] for f in refs], [r["ttft_s"] for r in group], num_resamples, seed).to_dict(),
+            "ttft_s": ci([r["ttft_s"] for r in group]),
+            "overlap": {b: ci(v) for (t, a, k, b), v in pairs.items() if (t, a, k) == (task, selector, keep)},
+        }
+        out.append(entry)
+    return out

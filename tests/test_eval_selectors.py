@@ -1,0 +1,83 @@
+"""Selectors: one budget, forced tokens and chunking for all; each ranks what it says it ranks."""
+
+import math
+
+import torch
+
+from spcli.config import ScoreConfig, SelectConfig
+from spcli.engine.load import first_layers, load_causal_lm
+from spcli.engine.select import budget
+from spcli.engine.speculate import speculate
+from spcli.evaluate.selectors import SELECTORS, Signals, select, speculator_signals
+
+CPU = torch.device("cpu")
+CFG = SelectConfig(keep=1.0, chunk=32, keep_first=4, keep_last=64, min_tokens=0)
+N = 1000  # odd on purpose: the last chunk is short
+
+
+def signals(n=N, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return Signals(torch.rand(n, generator=g), torch.rand(n, generator=g) * 10, 0.0, 0.0, 0.0)
+
+
+def test_every_selector_keeps_exactly_the_budget_and_the_forced_tokens():
+    sig = signals()
+    for selector in SELECTORS:
+        for keep in (0.1, 0.3, 0.5):
+            kept = select(selector, N, sig, CFG, keep, seed=1)
+            assert kept.numel() == budget(N, keep), (selector, keep)
+            assert torch.equal(kept, torch.unique(kept)), "ascending, no repeats"
+            assert set(range(N - 64, N)) <= set(kept.tolist())
+            if selector != "recency":
+                assert set(range(4)) <= set(kept.tolist())
+
+
+def test_unpruned_prompts_keep_everything_without_a_speculator_pass():
+    short = SelectConfig(keep=1.0, min_tokens=256)
+    for selector in SELECTORS:
+        assert select(selector, 200, None, short, 0.1, 0).tolist() == list(range(200))
+        assert select(selector, N, None, CFG, 1.0, 0).tolist() == list(range(N))
+
+
+def test_recency_keeps_exactly_the_tail_and_sink_recency_adds_the_sink():
+    b = budget(N, 0.3)
+    assert select("recency", N, None, CFG, 0.3, 0).tolist() == list(range(N - b, N))
+    assert select("sink-recency", N, None, CFG, 0.3, 0).tolist() == list(range(4)) + list(range(N - b + 4, N))
+
+
+def test_random_is_seeded_and_picks_whole_chunks():
+    a = select("random", N, None, CFG, 0.3, seed=7)
+    assert torch.equal(a, select("random", N, None, CFG, 0.3, seed=7))
+    assert not torch.equal(a, select("random", N, None, CFG, 0.3, seed=8))
+    kept, forced = set(a.tolist()), set(range(4)) | set(range(N - 64, N))
+    partial = 0
+    for c in range(math.ceil(N / 32)):
+        free = set(range(c * 32, min(N, c * 32 + 32))) - forced
+        partial += bool(free) and 0 < len(free & kept) < len(free)
+    assert partial <= 1, "only the chunk that meets the budget may be cut"
+
+
+def test_speculator_selectors_rank_their_own_signal():
+    sig = signals()
+    sig.importance[320:352] = 100.0  # one chunk stands out in attention
+    sig.surprisal[640:672] = 1000.0  # another in surprisal
+    spec = set(select("specprefill", N, sig, CFG, 0.1, 0).tolist())
+    info = set(select("self-information", N, sig, CFG, 0.1, 0).tolist())
+    assert set(range(320, 352)) <= spec and not set(range(640, 672)) <= spec
+    assert set(range(640, 672)) <= info and not set(range(320, 352)) <= info
+
+
+def test_speculator_signals_reuse_one_pass_and_match_a_reference(tiny_dir):
+    base = load_causal_lm(tiny_dir, "float32", CPU).model
+    model = first_layers(base, 2)
+    ids = list(range(1000, 1300))
+    hooks_before = len(base.model._forward_hooks)
+    sig = speculator_signals(model, ids, ScoreConfig(lookahead=3), set(), CPU)
+    assert len(base.model._forward_hooks) == hooks_before, "the hook is removed (first_layers shares the dict)"
+    ref_importance = speculate(model, ids, ScoreConfig(lookahead=3), set(), CPU).importance
+    torch.testing.assert_close(sig.importance, ref_importance)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()  # [n, V]
+    ref = -torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert sig.surprisal[0] == 0
+    torch.testing.assert_close(sig.surprisal[1:], ref, rtol=1e-4, atol=1e-4)

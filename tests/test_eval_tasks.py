@@ -1,0 +1,46 @@
+"""Built-in tasks: seeded, sized in tokens, needles and answers really in the prompt."""
+
+import pytest
+
+from spcli.engine.load import load_tokenizer
+from spcli.errors import ConfigError
+from spcli.evaluate.tasks import TASKS, generate
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+    return load_tokenizer(smollm2_dir)
+
+
+def prompt_len(tokenizer, ex) -> int:
+    return len(tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_task_is_seeded_sized_and_answerable(tokenizer, task):
+    a = generate(task, tokenizer, 1024, 2, seed=3)
+    assert a == generate(task, tokenizer, 1024, 2, seed=3)
+    assert [e.messages for e in a] != [e.messages for e in generate(task, tokenizer, 1024, 2, seed=4)]
+    assert a[0].messages != a[1].messages
+    for ex in a:
+        assert 0.9 * 1024 <= prompt_len(tokenizer, ex) <= 1.1 * 1024
+        text = ex.messages[-1]["content"]
+        assert ex.answers and ex.needles
+        for needle in ex.needles:
+            assert text.count(needle) == 1
+        for answer in ex.answers:
+            assert any(answer in n for n in ex.needles)  # the answer is only where the needles are ...
+        tail = text[-400:]
+        assert not any(n in tail for n in ex.needles)  # ... and never in the forced tail
+
+
+def test_needle_depths_spread_over_the_document(tokenizer):
+    depths = [e.metadata["depths"][0] for e in generate("niah", tokenizer, 512, 12, seed=0)]
+    assert min(depths) < 0.4 and max(depths) > 0.6
+
+
+def test_unknown_task_and_bad_length_are_clear_errors(tokenizer):
+    with pytest.raises(ConfigError, match="unknown task"):
+        generate("nope", tokenizer, 1024, 1, 0)
+    with pytest.raises(ConfigError, match="length"):
+        generate("niah", tokenizer, 10, 1, 0)
