@@ -123,7 +123,9 @@ def text_table(results: list[dict]) -> str:
     first = results[0] if results else {}
     title = f"model {first.get('model')} speculator {first.get('speculator')} ({first.get('dtype')}, {first.get('device')})"
     if "flop_ratio_pair" in first:
-        title += f"; FLOP ratio speculator/base {first['flop_ratio_pair']:.4f} (8B/405B: {first['flop_ratio_8b_405b']:.4f})"
+        ratios = {r["length"]: (r["flop_ratio_pair"], r["flop_ratio_8b_405b"]) for r in results}
+        title += "; FLOP ratio speculator/base (8B/405B): " + ", ".join(
+            f"{a:.4f} ({b:.4f}) at {n}" for n, (a, b) in ratios.items())
     return title + "\n" + "\n".join(lines)
 
 
