@@ -13,6 +13,7 @@ import importlib
 import math
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -254,3 +255,33 @@ def test_dispatcher_auto_picks_kernel_on_cuda_or_interpreter(score, monkeypatch)
         assert calls == [1]  # plain CPU: the reference
         with pytest.raises(ConfigError, match="needs a CUDA device"):
             score.token_importance(queries, keys, pool=3, impl="triton")
+
+
+# --- the kernel inside the real speculator pass ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_kept_indices_equal_between_torch_and_triton_on_smollm2(score, smollm2_dir, monkeypatch):
+    """On the real SmolLM2 and real prompts, selection from the kernel's scores equals the reference's."""
+    import json
+
+    from spcli.config import ScoreConfig, SelectConfig
+    from spcli.engine import speculate as speculate_module
+    from spcli.engine.load import eos_token_ids, load_causal_lm, load_tokenizer
+    from spcli.engine.select import select_tokens
+    from spcli.engine.tokenize import tokenize
+    from spcli.io.records import Record
+
+    monkeypatch.setattr(speculate_module, "token_importance", score.token_importance)  # the (re)loaded kernels
+    model = load_causal_lm(smollm2_dir, "float32", DEVICE).model
+    tokenizer = load_tokenizer(smollm2_dir)
+    eos = eos_token_ids(model, tokenizer)
+    examples = Path(__file__).parent.parent / "examples" / "docs.jsonl"
+    for line in examples.read_text().splitlines()[:2]:  # 936 and 1312 tokens
+        row = json.loads(line)
+        ids = tokenize(Record(0, 0, row["id"], messages=row["messages"]), tokenizer, 8000, "error")
+        ref = speculate_module.speculate(model, ids, ScoreConfig(impl="torch"), eos, DEVICE).importance
+        tri = speculate_module.speculate(model, ids, ScoreConfig(impl="triton"), eos, DEVICE).importance
+        assert_close(f"importance {row['id']}", ref, tri, atol=1e-7, rtol=2e-5)
+        for keep in (0.1, 0.3):
+            assert select_tokens(ref, SelectConfig(keep=keep)).tolist() == select_tokens(tri, SelectConfig(keep=keep)).tolist()

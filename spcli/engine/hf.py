@@ -13,13 +13,11 @@ from spcli import models
 from spcli.config import RunConfig
 from spcli.engine import load
 from spcli.engine.prefill import PrunedPrompt, generate_pruned
-from spcli.engine.prepare import Prepared, error_row, prepare, row_seed, where_of
-from spcli.errors import RecordError
-from spcli.io.records import Record
+from spcli.engine.prepare import Prepared, RecordEngine, row_seed, where_of
 from spcli.io.schema import RowResult
 
 
-class HFEngine:
+class HFEngine(RecordEngine):
     def __init__(self, cfg: RunConfig, shard_paths: dict[int, str], log=lambda msg: None):
         self.cfg = cfg
         self.shard_paths = shard_paths
@@ -48,30 +46,6 @@ class HFEngine:
                 load.check_same_vocabulary(self.tokenizer, load.load_tokenizer(path), self.cfg.model, self.speculator_name)
                 self._speculator = load.load_causal_lm(path, self.dtype, self.device).model
         return self._speculator
-
-    def _error(self, rec: Record, message: str) -> RowResult:
-        return error_row(rec, self.shard_paths, message)
-
-    def _prepare(self, i: int, rec: Record) -> Prepared:
-        return prepare(i, rec, self.cfg, self.tokenizer, self.max_positions, lambda: self.speculator,
-                       self.eos_ids, self.device)
-
-    def run_batch(self, records: list[Record]) -> list[RowResult]:
-        t0 = time.perf_counter()
-        results: list[RowResult | None] = [None] * len(records)
-        ready: list[Prepared] = []
-        for i, rec in enumerate(records):
-            if rec.error is not None:
-                results[i] = self._error(rec, rec.error)
-                continue
-            try:
-                ready.append(self._prepare(i, rec))
-            except RecordError as e:
-                results[i] = self._error(rec, f"{where_of(rec, self.shard_paths)}: {e}")
-        if ready:
-            for p, r in zip(ready, self._generate(ready, t0)):
-                results[p.index] = r
-        return results  # type: ignore[return-value]
 
     def _generate(self, ready: list[Prepared], t0: float) -> list[RowResult]:
         gcfg = self.cfg.generate

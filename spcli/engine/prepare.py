@@ -6,6 +6,7 @@ The engines differ only in how they run the base model on the result.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -71,3 +72,43 @@ def where_of(rec: Record, shard_paths: dict[int, str]) -> str:
     """How an error names a record: `file:line N` (JSONL, 1-based) or `file:row N` (Parquet)."""
     path = shard_paths[rec.shard]
     return where(path, rec.row, shard_kind(path))
+
+
+class RecordEngine:
+    """What every engine shares: one row per record, bad records as error rows.
+
+    A subclass sets cfg, shard_paths, tokenizer, max_positions, eos_ids, device and a
+    `speculator` attribute or property, and implements `_generate(ready, t0)`.
+    """
+
+    cfg: RunConfig
+    shard_paths: dict[int, str]
+
+    def _check(self, p: Prepared) -> None:
+        """Engine-specific refusals of a prepared record (raise RecordError)."""
+
+    def _generate(self, ready: list[Prepared], t0: float) -> list[RowResult]:
+        raise NotImplementedError
+
+    def _error(self, rec: Record, message: str) -> RowResult:
+        return error_row(rec, self.shard_paths, message)
+
+    def run_batch(self, records: list[Record]) -> list[RowResult]:
+        t0 = time.perf_counter()
+        results: list[RowResult | None] = [None] * len(records)
+        ready: list[Prepared] = []
+        for i, rec in enumerate(records):
+            if rec.error is not None:
+                results[i] = self._error(rec, rec.error)
+                continue
+            try:
+                p = prepare(i, rec, self.cfg, self.tokenizer, self.max_positions, lambda: self.speculator,
+                            self.eos_ids, self.device)
+                self._check(p)
+                ready.append(p)
+            except RecordError as e:
+                results[i] = self._error(rec, f"{where_of(rec, self.shard_paths)}: {e}")
+        if ready:
+            for p, r in zip(ready, self._generate(ready, t0)):
+                results[p.index] = r
+        return results  # type: ignore[return-value]

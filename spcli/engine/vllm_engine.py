@@ -27,13 +27,12 @@ from pathlib import Path
 from spcli import models
 from spcli.config import RunConfig
 from spcli.engine import load
-from spcli.engine.prepare import Prepared, error_row, prepare, row_seed, where_of
+from spcli.engine.prepare import Prepared, RecordEngine, row_seed
 from spcli.engine.vllm_args import (
     DTYPE_BYTES, GiB, SpeculatorShape, cpu_env_defaults, engine_args, gpu_memory_utilization, read_model_config,
     speculator_reserve_bytes,
 )
 from spcli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, ConfigError, RecordError, SpcliError
-from spcli.io.records import Record
 from spcli.io.schema import RowResult
 from spcli.stop import StopRequest
 
@@ -78,7 +77,7 @@ def eos_ids_of(path: Path, tokenizer) -> set[int]:
     return load.eos_token_ids(stub, tokenizer)
 
 
-class VllmEngine:
+class VllmEngine(RecordEngine):
     def __init__(self, cfg: RunConfig, shard_paths: dict[int, str], log=lambda msg: None, base=None):
         """`base`: an already started VllmBase to reuse (tests, benches); else one is started here."""
         self.cfg = cfg
@@ -140,31 +139,8 @@ class VllmEngine:
             self._speculator = load.load_causal_lm(self.speculator_path, self.dtype, self.device).model
         return self._speculator
 
-    def _error(self, rec: Record, message: str) -> RowResult:
-        return error_row(rec, self.shard_paths, message)
-
-    def _prepare(self, i: int, rec: Record) -> Prepared:
-        return prepare(i, rec, self.cfg, self.tokenizer, self.max_positions, lambda: self.speculator,
-                       self.eos_ids, self.device)
-
-    def run_batch(self, records: list[Record]) -> list[RowResult]:
-        t0 = time.perf_counter()
-        results: list[RowResult | None] = [None] * len(records)
-        ready: list[Prepared] = []
-        for i, rec in enumerate(records):
-            if rec.error is not None:
-                results[i] = self._error(rec, rec.error)
-                continue
-            try:
-                p = self._prepare(i, rec)
-                self.base.check_request(self._request(p))  # e.g. kept + max_tokens > max_model_len
-                ready.append(p)
-            except RecordError as e:
-                results[i] = self._error(rec, f"{where_of(rec, self.shard_paths)}: {e}")
-        if ready:
-            for p, r in zip(ready, self._generate(ready, t0)):
-                results[p.index] = r
-        return results  # type: ignore[return-value]
+    def _check(self, p: Prepared) -> None:
+        self.base.check_request(self._request(p))  # e.g. kept + max_tokens > max_model_len
 
     def _request(self, p: Prepared) -> tuple:
         gcfg = self.cfg.generate
