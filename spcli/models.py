@@ -11,6 +11,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,14 +77,32 @@ def smollm2_gguf() -> Path:
     return path
 
 
+@contextmanager
+def building(dest: Path) -> Iterator[Path]:
+    """A temp folder beside `dest` to write a model into, renamed to `dest` when the block succeeds.
+
+    Removed on any failure, and dropped if another process put `dest` in place meanwhile, so a
+    half-written model folder is never seen under `dest`.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process built it first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def convert_gguf(gguf: Path, dest: Path) -> Path:
     """Dequantize a GGUF checkpoint once into a bf16 safetensors folder (atomic: temp dir + rename)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    try:
+    with building(dest) as tmp:
         kw = dict(gguf_file=gguf.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
         loaded = AutoModelForCausalLM.from_pretrained(
@@ -98,13 +118,6 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
         plain.generation_config = loaded.generation_config
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(dest)
-        except OSError:  # another process converted it first
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 

@@ -13,12 +13,10 @@ configs with random weights (nothing downloaded) and cached under $SPCLI_CACHE/m
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spcli.models import cache_root
+from spcli.models import building, cache_root
 
 BASE_NAME = "random-405b"  # `spcli bench --model random-405b` (its default speculator: random-8b)
 SPECULATOR_NAME = "random-8b"
@@ -81,17 +79,9 @@ def _build(dest: Path, shape: Shape, tokenizer_dir: Path, seed: int) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(_llama_config(shape, len(tokenizer), int(tokenizer.eos_token_id))).to(torch.bfloat16)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    try:
+    with building(dest) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(dest)
-        except OSError:  # built by another process meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def ensure_pair() -> dict[str, Path]:
