@@ -51,8 +51,7 @@ class HFEngine(RecordEngine):
         gcfg = self.cfg.generate
         prompts = [
             PrunedPrompt(torch.tensor(p.input_ids)[p.kept], p.kept, len(p.input_ids), p.max_tokens,
-                         p.record.temperature if p.record.temperature is not None else gcfg.temperature,
-                         row_seed(gcfg.seed, p.record.id))
+                         p.temperature, row_seed(gcfg.seed, p.record.id))
             for p in ready
         ]
         try:
@@ -64,16 +63,5 @@ class HFEngine(RecordEngine):
             self.log(f"batch of {len(ready)} failed ({e}); retrying one row at a time")
             return [r for p in ready for r in self._generate([p], time.perf_counter())]
         ttft = time.perf_counter() - t0 - timing.decode_s
-        out = []
-        for p, g in zip(ready, gens):
-            out.append(RowResult(
-                id=p.record.id, shard=self.shard_paths[p.record.shard], row=p.record.row,
-                output=self.tokenizer.decode(g.token_ids, skip_special_tokens=True),
-                finish_reason=g.finish_reason, num_prompt_tokens=len(p.input_ids),
-                num_kept_tokens=int(p.kept.numel()), num_output_tokens=len(g.token_ids),
-                kept_indices=p.kept.tolist(), ttft_s=ttft, speculate_s=p.speculate_s,
-                prefill_s=timing.prefill_s, decode_s=timing.decode_s,
-                importance=p.importance.tolist() if (self.cfg.save_scores and p.importance is not None) else None,
-                custom_id=p.record.custom_id, endpoint=p.record.endpoint,
-            ))
-        return out
+        return [self._row(p, g.token_ids, g.finish_reason, ttft, timing.prefill_s, timing.decode_s)
+                for p, g in zip(ready, gens)]

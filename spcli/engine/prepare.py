@@ -34,6 +34,7 @@ class Prepared:
     kept: torch.Tensor  # [m] int64 ascending indices into input_ids
     keep: float
     max_tokens: int
+    temperature: float  # the record's, else --temperature
     speculate_s: float  # speculator prefill + look-ahead + scoring; 0 when not pruned
     importance: torch.Tensor | None  # [n] float32, when the speculator ran
 
@@ -50,9 +51,10 @@ def prepare(
     max_tokens = rec.max_tokens or cfg.generate.max_tokens
     ids = tokenize(rec, tokenizer, max_positions - max_tokens, cfg.truncate)
     keep = rec.keep if rec.keep is not None else cfg.select.keep
+    temperature = rec.temperature if rec.temperature is not None else cfg.generate.temperature
     n = len(ids)
     if not is_pruned(n, cfg.select, keep):
-        return Prepared(index, rec, ids, torch.arange(n), keep, max_tokens, 0.0, None)
+        return Prepared(index, rec, ids, torch.arange(n), keep, max_tokens, temperature, 0.0, None)
     try:
         spec = speculate(speculator() if callable(speculator) else speculator, ids, cfg.score, eos_ids, device)
     except torch.OutOfMemoryError:
@@ -60,7 +62,8 @@ def prepare(
             torch.cuda.empty_cache()
         raise RecordError(f"the speculator ran out of GPU memory on {n} tokens") from None
     kept = select_tokens(spec.importance, cfg.select, keep)
-    return Prepared(index, rec, ids, kept, keep, max_tokens, spec.speculate_s + spec.score_s, spec.importance)
+    return Prepared(index, rec, ids, kept, keep, max_tokens, temperature, spec.speculate_s + spec.score_s,
+                    spec.importance)
 
 
 def error_row(rec: Record, shard_paths: dict[int, str], message: str) -> RowResult:
@@ -92,6 +95,20 @@ class RecordEngine:
 
     def _error(self, rec: Record, message: str) -> RowResult:
         return error_row(rec, self.shard_paths, message)
+
+    def _row(self, p: Prepared, token_ids: list[int], finish_reason: str, ttft_s: float, prefill_s: float,
+             decode_s: float) -> RowResult:
+        """The output row of a prepared record whose base pass generated `token_ids` (EOS excluded)."""
+        rec = p.record
+        return RowResult(
+            id=rec.id, shard=self.shard_paths[rec.shard], row=rec.row,
+            output=self.tokenizer.decode(token_ids, skip_special_tokens=True), finish_reason=finish_reason,
+            num_prompt_tokens=len(p.input_ids), num_kept_tokens=int(p.kept.numel()),
+            num_output_tokens=len(token_ids), kept_indices=p.kept.tolist(), ttft_s=ttft_s,
+            speculate_s=p.speculate_s, prefill_s=prefill_s, decode_s=decode_s,
+            importance=p.importance.tolist() if (self.cfg.save_scores and p.importance is not None) else None,
+            custom_id=rec.custom_id, endpoint=rec.endpoint,
+        )
 
     def run_batch(self, records: list[Record]) -> list[RowResult]:
         t0 = time.perf_counter()

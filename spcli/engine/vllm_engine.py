@@ -143,11 +143,9 @@ class VllmEngine(RecordEngine):
         self.base.check_request(self._request(p))  # e.g. kept + max_tokens > max_model_len
 
     def _request(self, p: Prepared) -> tuple:
-        gcfg = self.cfg.generate
-        temperature = p.record.temperature if p.record.temperature is not None else gcfg.temperature
         kept = p.kept.tolist()
-        return ([p.input_ids[k] for k in kept], kept, len(p.input_ids), p.max_tokens, temperature,
-                row_seed(gcfg.seed, p.record.id) if temperature > 0 else None)
+        return ([p.input_ids[k] for k in kept], kept, len(p.input_ids), p.max_tokens, p.temperature,
+                row_seed(self.cfg.generate.seed, p.record.id) if p.temperature > 0 else None)
 
     def _generate(self, ready: list[Prepared], t0: float) -> list[RowResult]:
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -167,16 +165,8 @@ class VllmEngine(RecordEngine):
         rows = []
         for p, o in zip(ready, outs):
             tokens, finish = _until_eos(o.token_ids, self.eos_ids, o.finish_reason)
-            rows.append(RowResult(
-                id=p.record.id, shard=self.shard_paths[p.record.shard], row=p.record.row,
-                output=self.tokenizer.decode(tokens, skip_special_tokens=True), finish_reason=finish,
-                num_prompt_tokens=len(p.input_ids), num_kept_tokens=int(p.kept.numel()),
-                num_output_tokens=len(tokens), kept_indices=p.kept.tolist(),
-                ttft_s=start - t0 + (o.ttft_s if o.ttft_s is not None else wall), speculate_s=p.speculate_s,
-                prefill_s=prefill_s, decode_s=max(0.0, wall - prefill_s),
-                importance=p.importance.tolist() if (self.cfg.save_scores and p.importance is not None) else None,
-                custom_id=p.record.custom_id, endpoint=p.record.endpoint,
-            ))
+            ttft = start - t0 + (o.ttft_s if o.ttft_s is not None else wall)
+            rows.append(self._row(p, tokens, finish, ttft, prefill_s, max(0.0, wall - prefill_s)))
         return rows
 
     def close(self) -> None:
