@@ -114,7 +114,7 @@ def main(dest: Path, shape: dict, argv: list[str]) -> None:
     import vllm_ttft
     from transformers import LlamaConfig
 
-    import spcli.engine.vllm_base as vllm_base
+    import spcli.engine.vllm_pass as vllm_pass
 
     dest.mkdir(parents=True)  # build_model for its tokenizer; the weights come from load_format="dummy"
     tiny = dict(shape, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -123,8 +123,8 @@ def main(dest: Path, shape: dict, argv: list[str]) -> None:
     for f in dest.glob("*.safetensors"):
         f.unlink()
     LlamaConfig(**shape, dtype="bfloat16").save_pretrained(dest)
-    config = vllm_base.VllmBaseConfig
-    vllm_base.VllmBaseConfig = lambda **kw: config(
+    config = vllm_pass.VllmRunnerConfig
+    vllm_pass.VllmRunnerConfig = lambda **kw: config(
         **{**kw, "engine_kwargs": {**kw.get("engine_kwargs", {}), "load_format": "dummy"}})
     print(f"{dest.name}: {json.dumps(shape)}", flush=True)
     vllm_ttft.main(["--model", str(dest), *argv])

@@ -74,7 +74,10 @@ def build_shard(path: Path, rows: int, prompt_chars: int, row_group_rows: int) -
 
 def child(args) -> None:
     """One measured run in this process; prints a JSON line."""
+    import spcli.batch as batch
     import spcli.engine.hf as hf
+    import spcli.engine.prepare as prepare
+    import spcli.run
     from spcli.config import GenerateConfig, RunConfig, SelectConfig
     from spcli.progress import Progress
     from spcli.run import run
@@ -90,9 +93,10 @@ def child(args) -> None:
                 spent[key] += time.perf_counter() - t0
         return wrapper
 
-    hf.generate_pruned = timed("model", hf.generate_pruned)
-    hf.speculate = timed("model", hf.speculate)
-    hf.HFEngine.run_batch = timed("engine", hf.HFEngine.run_batch)
+    hf.hf_pass.generate = timed("model", hf.hf_pass.generate)
+    prepare.speculate = timed("model", prepare.speculate)
+    batch.run_batch = timed("engine", batch.run_batch)
+    spcli.run.run_batch = batch.run_batch
     hf.HFEngine.__init__ = timed("load", hf.HFEngine.__init__)
     cfg = RunConfig(inputs=(args.shard,), out=args.out, model=args.model, dtype="float32", batch_size=args.batch_size,
                     fresh=True, select=SelectConfig(keep=0.1, min_tokens=args.min_tokens), generate=GenerateConfig(max_tokens=1))
@@ -109,7 +113,7 @@ def child(args) -> None:
 def rss_after_load(model: str) -> float:
     """Peak RSS of a process that only imports spcli and loads the engine (the fixed cost)."""
     code = ("import resource; from spcli.config import RunConfig; from spcli.engine.hf import HFEngine; "
-            f"HFEngine(RunConfig(inputs=('x',), out='x', model={model!r}, dtype='float32'), {{}}); "
+            f"HFEngine(RunConfig(inputs=('x',), out='x', model={model!r}, dtype='float32')); "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1])
 

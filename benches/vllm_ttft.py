@@ -85,17 +85,22 @@ def run(
 ) -> list[dict]:
     from vllm import SamplingParams
 
-    from spcli.engine.vllm_base import VllmBase, VllmBaseConfig
+    import torch
+    from transformers import AutoTokenizer
+
+    from spcli.engine.request import PrunedRequest
+    from spcli.engine.vllm_pass import VllmRunner, VllmRunnerConfig
 
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 30000) for _ in range(n)] for _ in range(batch)]
-    config = VllmBaseConfig(
+    config = VllmRunnerConfig(
         model=model_dir, dtype=dtype, max_model_len=n + 16,
         max_num_batched_tokens=max(batch * n, 2048), max_num_seqs=max(batch, 1), seed=0,
         enforce_eager=eager,
     )
     rows = []
-    with VllmBase(config) as base:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    with VllmRunner(config, tokenizer, eos_ids=set()) as base:
         one = SamplingParams(max_tokens=1, temperature=0.0)
         full_prompts = [{"prompt_token_ids": p} for p in prompts]
 
@@ -103,7 +108,7 @@ def run(
             base.llm.generate(full_prompts, one, use_tqdm=False)
 
         full()  # warm-up: first calls pay one-time costs
-        base.generate([([p[0]], [n - 1], n, 1) for p in prompts])
+        base.generate([PrunedRequest("warm-up", p, torch.tensor([n - 1]), 1) for p in prompts])
         for keep in keeps:
             select_start = time.perf_counter()
             if speculator is not None:
@@ -111,7 +116,7 @@ def run(
             else:
                 positions = [chunk_selection(n, keep, seed=i) for i in range(batch)]
             select_s = (time.perf_counter() - select_start if speculator else 0.0) + speculator_s
-            requests = [([p[k] for k in pos], pos, n, 1) for p, pos in zip(prompts, positions)]
+            requests = [PrunedRequest("bench", p, torch.tensor(pos), 1) for p, pos in zip(prompts, positions)]
             def pruned(requests=requests):
                 base.generate(requests)
 

@@ -47,6 +47,14 @@ class Interrupted(SpcliError):
     exit_code = EXIT_INTERRUPTED
 
 
+class EngineDied(SpcliError):
+    """The engine cannot go on (its processes died, or a device error that is not out-of-memory): the
+    run stops after committing what is complete, rather than turning every later record into an error row."""
+
+    exit_code = EXIT_FAILURE
+    stopped_message = "a stop signal reached the engine's processes too, so the batch in flight was dropped"
+
+
 class NotImplementedFeature(SpcliError):
     """A documented option whose implementation is not there yet."""
 

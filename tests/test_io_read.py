@@ -46,12 +46,12 @@ def one_error(tmp_path, line: bytes | str) -> str:
      "field 'messages'[0].role must be one of system, user, assistant, tool, developer, got None"),
     ('{"id": "x", "messages": [{"role": "wizard", "content": "hi"}]}',
      "field 'messages'[0].role must be one of system, user, assistant, tool, developer, got 'wizard'"),
-    ('{"id": "x", "messages": [{"role": "user"}]}', "field 'messages'[0].content must be a string"),
+    ('{"id": "x", "messages": [{"role": "user"}]}', "field 'messages'[0].content must be a string or a list of text parts"),
     ('{"id": "x", "prompt": "a", "messages": [{"role": "user", "content": "b"}]}',
      "record has both 'prompt' and 'messages'; give one"),
     ('{"id": "x", "prompt": "a", "keep": 0}', "field 'keep' must be in (0, 1], got 0"),
     ('{"id": "x", "prompt": "a", "keep": 1.5}', "field 'keep' must be in (0, 1], got 1.5"),
-    ('{"id": "x", "prompt": "a", "keep": "half"}', "field 'keep' must be a number, got 'half'"),
+    ('{"id": "x", "prompt": "a", "keep": "half"}', "field 'keep' must be a number in (0, 1] or \"auto\", got 'half'"),
     ('{"id": "x", "prompt": "a", "max_tokens": 0}', "field 'max_tokens' must be in [1, 1048576], got 0"),
     ('{"id": "x", "prompt": "a", "max_tokens": 2.5}', "field 'max_tokens' must be an integer, got 2.5"),
     ('{"id": "x", "prompt": "a", "max_tokens": true}', "field 'max_tokens' must be an integer, got True"),
@@ -156,7 +156,8 @@ def test_file_level_problems(tmp_path):
     pq.write_table(pa.table({"text": ["a"]}), tmp_path / "cols.parquet")
     with pytest.raises(InputError) as e:
         check_shard(shard(tmp_path / "cols.parquet"), FIELDS)
-    assert str(e.value) == f"{tmp_path}/cols.parquet: Parquet file has no 'prompt' or 'messages' column (columns: text)"
+    assert str(e.value) == (f"{tmp_path}/cols.parquet: Parquet file has no 'prompt' or 'messages' column (columns: text); "
+                            "name yours with --prompt-field or --messages-field")
 
     (tmp_path / "plain.jsonl.gz").write_text('{"prompt": "a"}\n')
     with pytest.raises(InputError, match=r"plain.jsonl.gz: not a gzip file \(name it .jsonl if it is plain text\)$"):

@@ -115,3 +115,32 @@ def test_openai_output_resumes_without_repeating_a_line(tmp_path, tiny_dir, batc
     assert stable(responses(out)) == stable(responses(ref))
     names = sorted(p.name for p in out.glob("part-*"))
     assert names == [f"part-00000-{i:05d}.{ext}" for i in range(3) for ext in ("openai.jsonl", "parquet")]
+
+
+def test_logprobs_in_openai_shape_and_the_side_output(tmp_path, tiny_dir, batch_file, capsys):
+    out = tmp_path / "out"
+    code, _, err = cli(argv(batch_file, out, tiny_dir, "--output-format", "openai", "--keep", "0.3", "--logprobs", "2"), capsys)
+    assert code == 0, err
+    by_id = {line["custom_id"]: line for line in responses(out)}
+    side = side_rows(out)
+    chat = by_id["chat-1"]["response"]["body"]["choices"][0]
+    content = chat["logprobs"]["content"]
+    assert len(content) == side["chat-1"]["num_output_tokens"] > 0
+    for entry, col in zip(content, side["chat-1"]["logprobs"]):
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert entry["token"] == col["token"] and entry["bytes"] == list(entry["token"].encode())
+        assert len(entry["top_logprobs"]) == 2 and entry["top_logprobs"][0]["logprob"] >= entry["top_logprobs"][1]["logprob"]
+        assert entry["logprob"] <= 0 and abs(entry["logprob"] - col["logprob"]) < 1e-6
+    cmpl = by_id["cmpl-1"]["response"]["body"]["choices"][0]["logprobs"]
+    assert len(cmpl["tokens"]) == len(cmpl["token_logprobs"]) == len(cmpl["top_logprobs"]) == side["cmpl-1"]["num_output_tokens"]
+    assert "".join(cmpl["tokens"]) == by_id["cmpl-1"]["response"]["body"]["choices"][0]["text"]
+    assert all(len(top) <= 2 for top in cmpl["top_logprobs"])
+    assert side["bad-1"]["logprobs"] is None
+
+
+def test_logprobs_off_writes_none(tmp_path, tiny_dir, batch_file, capsys):
+    out = tmp_path / "out"
+    code, _, err = cli(argv(batch_file, out, tiny_dir, "--output-format", "openai", "--keep", "1.0"), capsys)
+    assert code == 0, err
+    assert all(line["response"]["body"].get("choices", [{}])[0].get("logprobs") is None for line in responses(out))
+    assert all(r["logprobs"] is None for r in side_rows(out).values())

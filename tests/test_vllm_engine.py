@@ -1,4 +1,4 @@
-"""vLLM base pass (spcli/engine/vllm_base.py + vllm_worker.py) against a transformers reference.
+"""vLLM base pass (spcli/engine/vllm_pass.py + vllm_worker.py) against a transformers reference.
 
 Run with the vLLM venv: `.venv-vllm/bin/python -m pytest tests/test_vllm_engine.py`.
 One vLLM engine serves the whole module (start-up ~20-30 s on this CPU). It runs with
@@ -18,7 +18,8 @@ vllm = pytest.importorskip(
 torch = pytest.importorskip("torch")
 
 from spcli.engine import vllm_worker
-from spcli.engine.vllm_base import BaseRequest, VllmBase, VllmBaseConfig
+from spcli.engine.request import PrunedRequest
+from spcli.engine.vllm_pass import VllmRunner, VllmRunnerConfig
 from spcli.errors import ConfigError, RecordError
 
 # Real Llama-3.1-8B: hidden 4096, 32 layers, 32 heads, 8 KV heads, head dim 128, vocab 128256.
@@ -36,6 +37,16 @@ CPU_ENV = dict(  # without these vLLM's CPU backend binds one core
 )
 LOGPROB_TOL = 1e-4  # float32; measured max abs diff <= 7.2e-6
 MAX_TOKENS = 6
+
+
+def BaseRequest(kept_ids, positions, n, max_tokens, num_logprobs=5):
+    """A request for an n-token prompt whose tokens at `positions` are `kept_ids`."""
+    positions = list(positions)
+    token_ids = [3] * n
+    for p, t in zip(positions, kept_ids):
+        token_ids[p] = t
+    return PrunedRequest("r", token_ids, torch.tensor(positions, dtype=torch.long), max_tokens,
+                         num_logprobs=num_logprobs)
 
 
 def build_tiny(dest):
@@ -69,14 +80,16 @@ def hf_model(tiny_dir):
 
 @pytest.fixture(scope="module")
 def base(tiny_dir):
-    config = VllmBaseConfig(
+    from transformers import AutoTokenizer
+
+    config = VllmRunnerConfig(
         model=str(tiny_dir), dtype="float32", max_model_len=512, max_num_batched_tokens=64,
         enforce_eager=True, enable_prefix_caching=True, engine_kwargs={"block_size": 32},
     )
     with pytest.MonkeyPatch.context() as mp:
         for key, value in CPU_ENV.items():
             mp.setenv(key, value)
-        engine = VllmBase(config)
+        engine = VllmRunner(config, AutoTokenizer.from_pretrained(tiny_dir), {TINY["eos_token_id"]})
         yield engine
         engine.close()
 
@@ -154,7 +167,7 @@ def run_mixed(base, remap: bool):
         ids = random_ids(n, seed=10 + i)
         kept = [ids[p] for p in positions]
         prompt, param = base.request_inputs(BaseRequest(kept, positions, n, MAX_TOKENS))
-        if not remap:
+        if not remap and param.extra_args:  # keep-all is sent plain: nothing to switch off
             param.extra_args[vllm_worker.REMAP_KEY] = False
             prompt.pop("cache_salt")  # else it would hit the remapped run's blocks
         prompts.append(prompt)
@@ -247,11 +260,11 @@ def test_hooked_vllm_internals_are_there():
 
 def test_speculative_decoding_is_refused():
     with pytest.raises(ConfigError, match="speculative"):
-        VllmBaseConfig(model="x", engine_kwargs={"speculative_config": {"method": "eagle"}})
+        VllmRunnerConfig(model="x", engine_kwargs={"speculative_config": {"method": "eagle"}})
 
 
 def test_model_runner_v2_is_refused(monkeypatch):
-    from spcli.engine.vllm_base import _require_v1_model_runner
+    from spcli.engine.vllm_pass import _require_v1_model_runner
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     with pytest.raises(ConfigError, match="VLLM_USE_V2_MODEL_RUNNER"):
@@ -262,18 +275,22 @@ def test_keep_all_equals_plain_generation(base):
     from vllm import SamplingParams
 
     prompts = [random_ids(n, seed=n) for n in (40, 130)]
-    ours = base.generate([(ids, range(len(ids)), len(ids), 8) for ids in prompts])
+    ours = base.generate([BaseRequest(ids, range(len(ids)), len(ids), 8) for ids in prompts])
     params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=5)
     plain = base.llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
     for result, out in zip(ours, plain):
         completion = out.outputs[0]
         assert result.ttft_s is not None and result.ttft_s > 0
-        assert result.token_ids == list(completion.token_ids)
-        assert result.text == completion.text
+        generated = [t for t in completion.token_ids if t != TINY["eos_token_id"]]
+        assert result.token_ids == generated
+        assert result.text == base.tokenizer.decode(generated, skip_special_tokens=True)  # as the hf engine decodes
+        assert result.text.strip() == completion.text.strip()  # vLLM's incremental detokenizer adds a leading space
         assert result.finish_reason == completion.finish_reason
         top = first_top(completion)
-        assert result.first_logprobs.keys() == top.keys()
-        assert max(abs(result.first_logprobs[t] - top[t]) for t in top) <= 1e-5
+        assert len(result.logprobs) == len(result.token_ids)
+        ours_top = dict(result.logprobs[0].top)
+        assert ours_top.keys() == top.keys() and result.logprobs[0].token_id == result.token_ids[0]
+        assert max(abs(ours_top[t] - top[t]) for t in top) <= 1e-5
 
 
 def test_gapped_positions_match_transformers(base, hf_model):
@@ -320,13 +337,23 @@ def test_prefix_cache_cannot_poison_other_positions(base, hf_model):
 def test_positions_beyond_the_model_are_refused(base):
     ids = random_ids(60, seed=3)
     with pytest.raises(RecordError, match=r"request 1: .*max_position_embeddings=512"):
-        base.generate([(ids, range(60), 60, 4), (ids, range(440, 500), 500, 13)])
-    [ok] = base.generate([(ids, range(439, 499), 499, 13)])  # last fed position 510
+        base.generate([BaseRequest(ids, range(60), 60, 4), BaseRequest(ids, range(440, 500), 500, 13)])
+    [ok] = base.generate([BaseRequest(ids, range(439, 499), 499, 13)])  # last fed position 510
     assert len(ok.token_ids) >= 1
 
 
 def test_bad_kept_positions_are_refused(base):
     with pytest.raises(RecordError, match="strictly ascending"):
-        base.check_request(([5, 6], [3, 3], 10, 4))
-    with pytest.raises(RecordError, match="equal length"):
-        base.check_request(([5, 6], [3], 10, 4))
+        base.check(BaseRequest([5, 6], [3, 3], 10, 4))
+    with pytest.raises(RecordError, match="at least one token"):
+        base.check(PrunedRequest("r", [5] * 10, torch.tensor([], dtype=torch.long), 4))
+
+
+def test_logprobs_are_off_unless_asked(base):
+    """No logprobs are computed or returned when a request asks for none."""
+    ids = random_ids(40, seed=5)
+    prompt, params = base.request_inputs(BaseRequest(ids, range(40), 40, 4, num_logprobs=0))
+    assert params.logprobs is None and params.detokenize is False
+    assert "cache_salt" not in prompt and params.extra_args is None  # unpruned: sent plain, cacheable
+    [gen] = base.generate([BaseRequest(ids, range(40), 40, 4, num_logprobs=0)])
+    assert gen.logprobs is None and len(gen.token_ids) >= 1

@@ -83,11 +83,12 @@ def spcli_run(*args: str) -> tuple[int, str, BaseException | None]:
 def test_self_speculator_is_refused_before_vllm_starts(tmp_path, smollm2_dir):
     jl = write_jsonl(tmp_path / "in.jsonl", chat_rows()[:1])
     for i, extra in enumerate((["--speculator", "self:4"], [])):  # smollm2-135m's default speculator is "self"
-        code, _, exc = spcli_run(str(jl), "--out", str(tmp_path / f"out{i}"), "--engine", "vllm", *COMMON, *PRUNED, *extra)
+        code, _, exc = spcli_run(str(jl), "--out", str(tmp_path / f"out{i}"), "--engine", "vllm", *COMMON, *PRUNED,
+                                 "--lookahead", "2", *extra)
         assert code != 0 and isinstance(exc, ConfigError), exc
         message = str(exc)
         assert message.startswith("--engine vllm cannot use --speculator self"), message
-        assert "second copy of the weights" in message and "--speculator NAME|FOLDER" in message
+        assert "with look-ahead" in message and "--lookahead 0" in message and "--speculator NAME|FOLDER" in message
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
@@ -111,8 +112,8 @@ def vllm_base(tiny_dir):
     with pytest.MonkeyPatch.context() as mp:
         for key, value in cpu_env_defaults(1).items():
             mp.setenv(key, value)
-        engine = VllmEngine(cfg, {})
-        yield engine.base
+        engine = VllmEngine(cfg)
+        yield engine.runner
         engine.close()
 
 
@@ -123,7 +124,7 @@ def shared_engine(monkeypatch, vllm_base):
     from spcli.engine.vllm_engine import VllmEngine
 
     assert spcli.run.build_engine.__module__ == "spcli.run"
-    monkeypatch.setattr(spcli.run, "build_engine", lambda cfg, paths: VllmEngine(cfg, paths, base=vllm_base))
+    monkeypatch.setattr(spcli.run, "build_engine", lambda cfg: VllmEngine(cfg, runner=vllm_base))
     return vllm_base
 
 
@@ -140,7 +141,7 @@ def pruned_run(vllm_base, chat_jsonl, tiny_dir, tmp_path_factory) -> dict[str, d
 
     out = tmp_path_factory.mktemp("vllm_pruned") / "out"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(spcli.run, "build_engine", lambda cfg, paths: VllmEngine(cfg, paths, base=vllm_base))
+        mp.setattr(spcli.run, "build_engine", lambda cfg: VllmEngine(cfg, runner=vllm_base))
         code, output, exc = spcli_run(str(chat_jsonl), "--out", str(out), "--engine", "vllm",
                                       "--speculator", str(tiny_dir), *COMMON, *PRUNED)
     assert code == 0, (output, exc)
@@ -226,7 +227,7 @@ def test_resume_after_sigterm_to_the_process_group(pruned_run, shared_engine, ch
     assert ours, stderr[-3000:]
     print(ours[-1])
     assert ours[-1].startswith(("spcli: interrupted: stopped by SIGTERM with",  # between batches
-                                "spcli: error: a stop signal reached vLLM's engine processes too")), ours[-1]  # mid-batch
+                                "spcli: interrupted: a stop signal reached the engine's processes too")), ours[-1]  # mid-batch
     first = read_rows(out)
     assert 0 < len(first) < 6
 
@@ -253,3 +254,37 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)  # whatever of that run is left (vLLM's processes included)
     except ProcessLookupError:
         pass
+
+
+@needs_vllm
+def test_self_with_early_exit_keeps_what_the_hf_engine_keeps(vllm_base, chat_jsonl, tmp_path):
+    """`--speculator self` without look-ahead on vLLM reads only the first 11 of SmolLM2's 30 layers into
+    transformers; its kept indices equal the hf engine's (which runs the same layers of its own copy)."""
+    import spcli.engine.load as load
+    import spcli.run
+    from spcli.engine.vllm_engine import VllmEngine
+
+    self_args = ["--speculator", "self", "--lookahead", "0", "--window", "16", "--score-layers", "10"]
+    loaded = []
+    real = load.load_prefix
+
+    def spy(path, num_layers, *args, **kw):
+        model = real(path, num_layers, *args, **kw)
+        loaded.append((num_layers, model.config.num_hidden_layers, sum(p.numel() for p in model.parameters())))
+        return model
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(load, "load_prefix", spy)
+        mp.setattr(spcli.run, "build_engine", lambda cfg: VllmEngine(cfg, runner=vllm_base))
+        code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "vllm"), "--engine", "vllm",
+                                      *COMMON, *PRUNED, *self_args)
+    assert code == 0, (output, exc)
+    assert [(n, layers) for n, layers, _ in loaded] == [(11, 11)]
+    code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "hf"), "--engine", "hf",
+                                  *COMMON, *PRUNED, *self_args)
+    assert code == 0, (output, exc)
+    ours, hf = read_rows(tmp_path / "vllm"), read_rows(tmp_path / "hf")
+    assert ours.keys() == hf.keys()
+    for rid, row in ours.items():
+        assert row["error"] is None and row["kept_indices"] == hf[rid]["kept_indices"], rid
+        assert row["num_kept_tokens"] < row["num_prompt_tokens"]

@@ -1,7 +1,8 @@
-"""Timed runs of one batch: full prefill, and spcli (speculate -> score -> select -> pruned prefill).
+"""Timed runs of one batch through the engine's own stages: full prefill, and spcli (prune -> base pass).
 
 TTFT of a batch = the time from having its prompts' token ids to every prompt's first token. The
-speculator reads the prompts one by one (as the hf engine does); the base prefills them together.
+stages are `spcli.engine.prepare.prune` (speculate -> score -> select) and `hf_pass.generate`, the
+ones `spcli run --engine hf` calls, so what is timed is what ships.
 """
 
 from __future__ import annotations
@@ -11,21 +12,12 @@ import time
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from spcli.config import ScoreConfig, SelectConfig
-from spcli.engine.prefill import PrunedPrompt, generate_pruned
-from spcli.engine.select import select_tokens
-from spcli.engine.speculate import speculate
-
-
-@dataclass
-class BenchModels:
-    base: nn.Module
-    speculator: nn.Module
-    eos_ids: set[int]
-    pad_id: int
-    device: torch.device
+from spcli.engine import hf_pass
+from spcli.engine.load import ModelStack
+from spcli.engine.prepare import prune
+from spcli.engine.request import PrunedRequest
 
 
 @dataclass
@@ -33,9 +25,7 @@ class Timing:
     """One timed run of one batch; seconds."""
 
     ttft_s: float  # wall clock, ids -> first token of every prompt (speculator included)
-    speculate_s: float = 0.0  # speculator prefill + look-ahead, summed over the batch
-    score_s: float = 0.0
-    select_s: float = 0.0
+    speculate_s: float = 0.0  # speculator forward + scoring + selection, summed over the batch
     prefill_s: float = 0.0  # base prefill of the batch
     decode_s: float = 0.0  # max_tokens - 1 further decode steps
     num_kept: int = 0  # tokens the base prefilled, summed over the batch
@@ -65,31 +55,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run_full(m: BenchModels, prompts: list[list[int]], max_tokens: int) -> Timing:
+def _requests(prompts: list[list[int]], keep: float, max_tokens: int) -> list[PrunedRequest]:
+    return [PrunedRequest(f"bench-{i}", p, torch.arange(len(p)), max_tokens, keep=keep) for i, p in enumerate(prompts)]
+
+
+def _generate(m: ModelStack, requests: list[PrunedRequest]):
+    return hf_pass.generate(m.base, requests, m.tokenizer, m.eos_ids, m.pad_id, m.device)
+
+
+def run_full(m: ModelStack, prompts: list[list[int]], max_tokens: int) -> Timing:
     _sync(m.device)
     t0 = time.perf_counter()
-    batch = [PrunedPrompt(torch.tensor(p), torch.arange(len(p)), len(p), max_tokens) for p in prompts]
-    _, timing = generate_pruned(m.base, batch, m.eos_ids, m.pad_id, m.device)
-    ttft = time.perf_counter() - t0 - timing.decode_s
-    return Timing(ttft, prefill_s=timing.prefill_s, decode_s=timing.decode_s, num_kept=sum(map(len, prompts)))
+    gens = _generate(m, _requests(prompts, 1.0, max_tokens))
+    ttft = time.perf_counter() - t0 - gens[0].decode_s
+    return Timing(ttft, prefill_s=gens[0].prefill_s, decode_s=gens[0].decode_s, num_kept=sum(map(len, prompts)))
 
 
-def run_spec(m: BenchModels, prompts: list[list[int]], keep: float, select: SelectConfig, score: ScoreConfig,
+def run_spec(m: ModelStack, prompts: list[list[int]], keep: float, select: SelectConfig, score: ScoreConfig,
              max_tokens: int) -> Timing:
     _sync(m.device)
     t0 = time.perf_counter()
-    t = Timing(0.0)
-    batch = []
-    for p in prompts:
-        spec = speculate(m.speculator, p, score, m.eos_ids, m.device)
-        s0 = time.perf_counter()
-        kept = select_tokens(spec.importance, select, keep)  # [m] ascending
-        t.select_s += time.perf_counter() - s0
-        t.speculate_s += spec.speculate_s
-        t.score_s += spec.score_s
-        t.num_kept += int(kept.numel())
-        batch.append(PrunedPrompt(torch.tensor(p)[kept], kept, len(p), max_tokens))
-    _, timing = generate_pruned(m.base, batch, m.eos_ids, m.pad_id, m.device)
-    t.prefill_s, t.decode_s = timing.prefill_s, timing.decode_s
-    t.ttft_s = time.perf_counter() - t0 - timing.decode_s
-    return t
+    requests = prune(_requests(prompts, keep, max_tokens), select, score, m)
+    assert all(isinstance(r, PrunedRequest) for r in requests), requests
+    gens = _generate(m, requests)
+    ttft = time.perf_counter() - t0 - gens[0].decode_s
+    return Timing(ttft, speculate_s=sum(r.speculate_s for r in requests), prefill_s=gens[0].prefill_s,
+                  decode_s=gens[0].decode_s, num_kept=sum(int(r.kept.numel()) for r in requests))

@@ -1,4 +1,4 @@
-"""Loading the base model and its speculator for the hf engine."""
+"""Loading models: the base, its speculator and tokenizer (`load_stack`, the one loader), and `self:K` views."""
 
 from __future__ import annotations
 
@@ -52,25 +52,59 @@ def load_tokenizer(path: Path):
         raise ModelError(f"cannot load the tokenizer from {path}: {e}") from e
 
 
-def first_layers(base: nn.Module, num_layers: int) -> nn.Module:
-    """A view of `base` that runs only its first `num_layers` decoder layers, then its final norm and LM head.
+def load_prefix(path: Path, num_layers: int, dtype: str, device: torch.device, total: int | None = None) -> nn.Module:
+    """The checkpoint's first `num_layers` decoder layers (with embeddings, final norm and LM head) as a
+    transformers model, reading only those tensors: num_layers / L of the layer weights. `total`: the
+    speculator's layer count that --score-layers refers to (K of self:K; default all L)."""
+    config = read_config(path)
+    if getattr(config, "quantization_config", None):
+        method = dict(config.quantization_config).get("quant_method", "quantized")
+        raise ConfigError(
+            f"--speculator self needs the base model's first layers in transformers, but {path} is a {method} "
+            "checkpoint whose layers this speculator cannot run; pass a separate speculator of the same "
+            "tokenizer (--speculator NAME|FOLDER, e.g. llama-8b)"
+        )
+    from transformers import AutoModelForCausalLM
 
-    Shares every parameter tensor with `base` (shallow module copies): no extra weight memory.
-    """
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, num_hidden_layers=num_layers, dtype=TORCH_DTYPES[dtype], attn_implementation=capture.register(),
+            local_files_only=True,
+        )
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load the first {num_layers} layers of {path}: {e}") from e
+    model.spcli_num_layers = total or config.num_hidden_layers  # what --score-layers' negatives count from
+    return model.to(device).eval()
+
+
+def first_layers(base: nn.Module, num_layers: int) -> nn.Module:
+    """A view of `base` (a *ForCausalLM) that runs only its first `num_layers` decoder layers, then its
+    final norm and LM head. Shares every parameter tensor with `base` (shallow module copies)."""
     total = base.config.num_hidden_layers
     if num_layers in (0, total):
         return base
     if not 1 <= num_layers <= total:
         raise ConfigError(f"--speculator self:K needs 1 <= K <= {total} (the base model's layers), got {num_layers}")
-    config = copy.copy(base.config)
-    config.num_hidden_layers = num_layers
-    inner = copy.copy(base.model)
-    inner._modules = dict(base.model._modules)
-    inner.layers = nn.ModuleList(list(base.model.layers)[:num_layers])
-    inner.config = config
     view = copy.copy(base)
     view._modules = dict(base._modules)
-    view.model = inner
+    view.model = decoder_prefix(base, num_layers, final_norm=True)
+    view.config = view.model.config
+    return view
+
+
+def decoder_prefix(causal_lm: nn.Module, num_layers: int, final_norm: bool = False) -> nn.Module:
+    """The decoder stack of `causal_lm` cut after its first `num_layers` layers (early exit): no later
+    layers, no LM head, and without `final_norm` no final norm either. Shares every parameter tensor."""
+    inner = causal_lm.model
+    config = copy.copy(inner.config)
+    config.num_hidden_layers = num_layers
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:num_layers]
+    view = copy.copy(inner)
+    view._modules = dict(inner._modules)
+    view.layers = nn.ModuleList(list(inner.layers)[:num_layers])
+    if not final_norm:
+        view.norm = nn.Identity()
     view.config = config
     return view
 
@@ -110,5 +144,131 @@ def parse_self(speculator: str) -> int | None:
         raise ConfigError(f"--speculator self:K needs an integer K, got {speculator!r}") from None
 
 
-def resolve_path(name: str) -> Path:
-    return models.locate(name)
+def check_speculator_attention(base_path: Path, base_name: str, speculator: str, max_prompt_tokens: int) -> None:
+    """check_full_attention on the speculator's config: the base's own for self/self:K."""
+    if parse_self(speculator) is not None:
+        check_full_attention(read_config(base_path), max_prompt_tokens, base_name, "the base (as --speculator self:K)")
+    else:
+        check_full_attention(read_config(models.locate(speculator)), max_prompt_tokens, speculator, "speculator")
+
+
+def check_full_attention(config, max_prompt_tokens: int, name: str, role: str) -> None:
+    """A speculator's cache must hold all n keys of every layer: refuse a sliding-window model (Mistral,
+    Gemma 2/3), whose cache keeps only the last window, unless no prompt can exceed that window."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return
+    layer_types = getattr(config, "layer_types", None)
+    if isinstance(layer_types, list) and "sliding_attention" not in layer_types:
+        return
+    if max_prompt_tokens <= window:
+        return  # every prompt fits in the window: the cache holds all n keys
+    field = "sliding_window" + (" (layer_types has sliding_attention layers)" if isinstance(layer_types, list) else "")
+    raise ConfigError(
+        f"{role} {name!r} uses sliding-window attention (config.json {field} = {window} < the "
+        f"{max_prompt_tokens} positions a prompt may have): its cache keeps only the last {window} keys, so "
+        "scoring would see the wrong tokens. Use a full-attention speculator (--speculator NAME|FOLDER) or --keep 1.0"
+    )
+
+
+@dataclass
+class ModelStack:
+    """Everything a run needs from the models: the one loader used by both engines, eval and bench.
+
+    `base` is None where the base runs elsewhere (vLLM holds its own weights). The speculator is
+    loaded on first use, so a run at keep 1.0 never loads it.
+    """
+
+    path: Path  # the base model's folder
+    name: str  # the base model's name as given
+    tokenizer: object
+    eos_ids: set[int]
+    pad_id: int
+    max_positions: int  # the base's max_position_embeddings
+    dtype: str
+    device: torch.device
+    speculator_name: str  # resolved: a model name/folder, "self" or "self:K"
+    base: nn.Module | None = None  # a *ForCausalLM in eval mode, attention "spcli"
+    speculator_layers: int | None = None  # without base weights: the first layers a self speculator reads
+    _speculator: nn.Module | None = None
+
+    max_prompt_len: int | None = None  # an engine's own bound on prompt length (vLLM: the speculator reserve's)
+    prompt_len_flag: str = ""  # the flag that raises max_prompt_len
+
+    def max_prompt_tokens(self, max_tokens: int) -> int:
+        """The longest prompt this stack takes with max_tokens to generate."""
+        room = self.max_positions - max_tokens
+        return room if self.max_prompt_len is None else min(room, self.max_prompt_len)
+
+    def prompt_limit(self, max_tokens: int) -> str:
+        """Where max_prompt_tokens comes from, for an error row: the limit and the flag that raises it."""
+        if self.max_prompt_len is not None and self.max_prompt_len < self.max_positions - max_tokens:
+            return f"the speculator's memory plan is sized for {self.max_prompt_len}-token prompts; raise {self.prompt_len_flag}"
+        return (f"the model's max_position_embeddings {self.max_positions} minus max_tokens {max_tokens}; "
+                "lower --max-tokens")
+
+    @property
+    def speculator(self) -> nn.Module:
+        if self._speculator is None:
+            self._speculator = self._load_speculator()
+        return self._speculator
+
+    def _load_speculator(self) -> nn.Module:
+        k = parse_self(self.speculator_name)
+        check_speculator_attention(self.path, self.name, self.speculator_name, self.max_positions)
+        if k is not None:
+            if self.base is None:  # the base runs elsewhere (vLLM): read only the layers the speculator runs
+                assert self.speculator_layers, "set speculator_layers where the base has no weights here"
+                return load_prefix(self.path, self.speculator_layers, self.dtype, self.device, total=k or None)
+            return first_layers(self.base, k)
+        path = models.locate(self.speculator_name)
+        check_same_vocabulary(self.tokenizer, load_tokenizer(path), self.name, self.speculator_name)
+        return load_causal_lm(path, self.dtype, self.device).model
+
+
+def load_stack(model: str, speculator: str | None = None, dtype: str | None = None, device: str = "auto",
+               with_base: bool = True, path: Path | None = None, needs_speculator: bool = True) -> ModelStack:
+    """Tokenizer, EOS ids, pad id and max positions of `model`, its base weights when `with_base`, and its
+    speculator (resolved name; loaded lazily). `path`: the model's folder when already located.
+    `needs_speculator`: refuse a sliding-window speculator now, before any weights load (else on first use)."""
+    path = path or models.locate(model)
+    dtype = dtype or models.default_dtype(model)
+    tokenizer = load_tokenizer(path)
+    eos_ids = eos_ids_of(path, tokenizer)
+    pad = tokenizer.pad_token_id
+    config = read_config(path)
+    if needs_speculator:
+        check_speculator_attention(path, model, speculator or models.default_speculator(model),
+                                   int(getattr(config, "max_position_embeddings", None) or 1 << 30))
+    return ModelStack(
+        path=path, name=model, tokenizer=tokenizer, eos_ids=eos_ids,
+        pad_id=int(pad if pad is not None else min(eos_ids, default=0)),
+        max_positions=int(getattr(config, "max_position_embeddings", None) or 1 << 30),
+        dtype=dtype, device=pick_device(device),
+        speculator_name=speculator or models.default_speculator(model),
+        base=load_causal_lm(path, dtype, pick_device(device)).model if with_base else None,
+    )
+
+
+def read_config(path: Path):
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read the model config in {path}: {e}") from e
+    return getattr(config, "text_config", None) or config
+
+
+def eos_ids_of(path: Path, tokenizer) -> set[int]:
+    """End-of-sequence ids from the generation config, the model config and the tokenizer (never
+    hard-coded); read from the folder, so no weights are needed."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    try:
+        generation = GenerationConfig.from_pretrained(path, local_files_only=True)
+    except OSError:
+        generation = None
+    return eos_token_ids(SimpleNamespace(generation_config=generation, config=read_config(path)), tokenizer)

@@ -1,24 +1,25 @@
-"""Per-record work shared by every engine: tokenize -> speculate -> select.
+"""The per-record stages every engine shares: tokenize -> speculate -> select, giving PrunedRequests.
 
-The engines differ only in how they run the base model on the result.
+The engines differ only in how the base model generates from the result (hf_pass.py, vllm_pass.py).
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import time
-from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from spcli.config import RunConfig
+from spcli.config import RunConfig, ScoreConfig, SelectConfig
+from spcli.engine.load import ModelStack
+from spcli.engine.request import PrunedRequest
 from spcli.engine.select import is_pruned, select_tokens
-from spcli.engine.speculate import speculate
+from spcli.engine.speculate import speculate_batch
 from spcli.engine.tokenize import tokenize
 from spcli.errors import RecordError
-from spcli.io.records import Record, shard_kind, where
-from spcli.io.schema import RowResult
+from spcli.io.records import Record
+from spcli.stop import StopAtSafePoint
 
 
 def row_seed(seed: int, row_id: str) -> int:
@@ -26,106 +27,96 @@ def row_seed(seed: int, row_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{row_id}".encode()).digest()[:7], "big")
 
 
-@dataclass
-class Prepared:
-    index: int  # position in the batch
-    record: Record
-    input_ids: list[int]  # the whole prompt, n tokens
-    kept: torch.Tensor  # [m] int64 ascending indices into input_ids
-    keep: float
-    max_tokens: int
-    temperature: float  # the record's, else --temperature
-    speculate_s: float  # speculator prefill + look-ahead + scoring; 0 when not pruned
-    importance: torch.Tensor | None  # [n] float32, when the speculator ran
-
-
-def prepare(
-    index: int, rec: Record, cfg: RunConfig, tokenizer, max_positions: int,
-    speculator: nn.Module | None, eos_ids: set[int], device: torch.device,
-) -> Prepared:
-    """Tokenize a record and choose its kept tokens; a problem with this record raises RecordError.
-
-    `speculator` is a model, or a function returning one: it is only called when the prompt is
-    pruned, so a run at keep 1.0 never loads a speculator.
-    """
+def request_for(rec: Record, cfg: RunConfig, stack: ModelStack) -> PrunedRequest:
+    """Tokenize one record into an unpruned request (all tokens kept); a bad record raises RecordError."""
     max_tokens = rec.max_tokens or cfg.generate.max_tokens
-    ids = tokenize(rec, tokenizer, max_positions - max_tokens, cfg.truncate)
-    keep = rec.keep if rec.keep is not None else cfg.select.keep
+    ids = tokenize(rec, stack.tokenizer, stack.max_prompt_tokens(max_tokens), cfg.truncate,
+                   stack.prompt_limit(max_tokens))
     temperature = rec.temperature if rec.temperature is not None else cfg.generate.temperature
-    n = len(ids)
-    if not is_pruned(n, cfg.select, keep):
-        return Prepared(index, rec, ids, torch.arange(n), keep, max_tokens, temperature, 0.0, None)
-    try:
-        spec = speculate(speculator() if callable(speculator) else speculator, ids, cfg.score, eos_ids, device)
-    except torch.OutOfMemoryError:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        raise RecordError(f"the speculator ran out of GPU memory on {n} tokens") from None
-    kept = select_tokens(spec.importance, cfg.select, keep)
-    return Prepared(index, rec, ids, kept, keep, max_tokens, temperature, spec.speculate_s + spec.score_s,
-                    spec.importance)
+    return PrunedRequest(
+        record_id=rec.id, token_ids=ids, kept=torch.arange(len(ids)), max_tokens=max_tokens,
+        temperature=temperature, seed=row_seed(cfg.generate.seed, rec.id),
+        keep=rec.keep if rec.keep is not None else cfg.select.keep, num_logprobs=cfg.generate.logprobs,
+    )
 
 
-def error_row(rec: Record, shard_paths: dict[int, str], message: str) -> RowResult:
-    return RowResult(rec.id, shard_paths[rec.shard], rec.row, error=message,
-                     custom_id=rec.custom_id, endpoint=rec.endpoint)
+def prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_stage=lambda text: None,
+            should_stop=lambda: False) -> list[PrunedRequest | RecordError]:
+    """One request per record, in order, or the RecordError that makes it an error row."""
+    out: list[PrunedRequest | RecordError] = []
+    for rec in records:
+        try:
+            out.append(request_for(rec, cfg, stack))
+        except RecordError as e:
+            out.append(e)
+    ready = [i for i, r in enumerate(out) if isinstance(r, PrunedRequest)]
+    for i, r in zip(ready, prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop)):
+        out[i] = r
+    return out
 
 
-def where_of(rec: Record, shard_paths: dict[int, str]) -> str:
-    """How an error names a record: `file:line N` (JSONL, 1-based) or `file:row N` (Parquet)."""
-    path = shard_paths[rec.shard]
-    return where(path, rec.row, shard_kind(path))
+SPECULATOR_BATCH_TOKENS = 32768  # padded tokens per speculator forward
+MAX_PADDING = 1.125  # a group's padded size over its real tokens
 
 
-class RecordEngine:
-    """What every engine shares: one row per record, bad records as error rows.
+def length_groups(lengths: list[int], max_tokens: int = SPECULATOR_BATCH_TOKENS) -> list[list[int]]:
+    """Indices grouped for batched speculator passes: longest first, each group padded by at most
+    MAX_PADDING and at most max_tokens padded tokens (a longer prompt goes alone)."""
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        g = groups[-1] if groups else None
+        if g and lengths[g[0]] * (len(g) + 1) <= min(max_tokens, MAX_PADDING * (real + lengths[i])):
+            g.append(i)
+            real += lengths[i]
+        else:
+            groups.append([i])
+            real = lengths[i]
+    return groups
 
-    A subclass sets cfg, shard_paths, tokenizer, max_positions, eos_ids, device and a
-    `speculator` attribute or property, and implements `_generate(ready, t0)`.
+
+def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfig, stack: ModelStack,
+          on_stage=lambda text: None, should_stop=lambda: False) -> list[PrunedRequest | RecordError]:
+    """Speculate and select the requests whose prompts are pruned (in place); the others keep every token.
+
+    Pruned prompts of similar length share one speculator pass (their importance is the same as
+    alone). The speculator is loaded on first use, so a run at keep 1.0 never loads one. A batch
+    that runs out of memory is retried one prompt at a time; a prompt that still does becomes a
+    RecordError. on_stage hears progress; should_stop() is asked between groups (StopAtSafePoint).
     """
-
-    cfg: RunConfig
-    shard_paths: dict[int, str]
-
-    def _check(self, p: Prepared) -> None:
-        """Engine-specific refusals of a prepared record (raise RecordError)."""
-
-    def _generate(self, ready: list[Prepared], t0: float) -> list[RowResult]:
-        raise NotImplementedError
-
-    def _error(self, rec: Record, message: str) -> RowResult:
-        return error_row(rec, self.shard_paths, message)
-
-    def _row(self, p: Prepared, token_ids: list[int], finish_reason: str, ttft_s: float, prefill_s: float,
-             decode_s: float) -> RowResult:
-        """The output row of a prepared record whose base pass generated `token_ids` (EOS excluded)."""
-        rec = p.record
-        return RowResult(
-            id=rec.id, shard=self.shard_paths[rec.shard], row=rec.row,
-            output=self.tokenizer.decode(token_ids, skip_special_tokens=True), finish_reason=finish_reason,
-            num_prompt_tokens=len(p.input_ids), num_kept_tokens=int(p.kept.numel()),
-            num_output_tokens=len(token_ids), kept_indices=p.kept.tolist(), ttft_s=ttft_s,
-            speculate_s=p.speculate_s, prefill_s=prefill_s, decode_s=decode_s,
-            importance=p.importance.tolist() if (self.cfg.save_scores and p.importance is not None) else None,
-            custom_id=rec.custom_id, endpoint=rec.endpoint,
-        )
-
-    def run_batch(self, records: list[Record]) -> list[RowResult]:
-        t0 = time.perf_counter()
-        results: list[RowResult | None] = [None] * len(records)
-        ready: list[Prepared] = []
-        for i, rec in enumerate(records):
-            if rec.error is not None:
-                results[i] = self._error(rec, rec.error)
+    out: list[PrunedRequest | RecordError] = list(requests)
+    todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)]
+    done = 0
+    for group in length_groups([requests[i].num_prompt_tokens for i in todo]):
+        if should_stop():
+            raise StopAtSafePoint
+        on_stage(f"speculating {done + 1}-{done + len(group)} of {len(todo)} prompts")
+        done += len(group)
+        indices = [todo[g] for g in group]
+        for i, spec in zip(indices, _speculate([requests[i] for i in indices], score, stack)):
+            req = requests[i]
+            if isinstance(spec, RecordError):
+                out[i] = spec
                 continue
-            try:
-                p = prepare(i, rec, self.cfg, self.tokenizer, self.max_positions, lambda: self.speculator,
-                            self.eos_ids, self.device)
-                self._check(p)
-                ready.append(p)
-            except RecordError as e:
-                results[i] = self._error(rec, f"{where_of(rec, self.shard_paths)}: {e}")
-        if ready:
-            for p, r in zip(ready, self._generate(ready, t0)):
-                results[p.index] = r
-        return results  # type: ignore[return-value]
+            t0 = time.perf_counter()
+            req.importance = spec.importance
+            req.kept = select_tokens(spec.importance, select, req.keep)
+            req.speculate_s = spec.speculate_s + time.perf_counter() - t0
+    return out
+
+
+def _speculate(batch: list[PrunedRequest], score: ScoreConfig, stack: ModelStack) -> list:
+    try:
+        return speculate_batch(stack.speculator, [r.token_ids for r in batch], score, stack.eos_ids, stack.device)
+    except torch.OutOfMemoryError:
+        free_memory()
+        if len(batch) > 1:
+            return [s for r in batch for s in _speculate([r], score, stack)]
+        return [RecordError(f"the speculator ran out of memory on {batch[0].num_prompt_tokens} tokens")]
+
+
+def free_memory() -> None:
+    """After an out-of-memory error: the failed tensors are garbage once the exception is gone."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

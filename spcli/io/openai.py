@@ -28,16 +28,36 @@ def _digest(r: RowResult) -> str:
     return hashlib.sha256(f"{r.shard}\0{r.row}\0{r.id}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
+def chat_logprobs(r: RowResult) -> dict | None:
+    """choices[0].logprobs of a chat.completion: {content: [{token, logprob, bytes, top_logprobs}]}."""
+    if r.logprobs is None:
+        return None
+    entry = lambda t: {"token": t["token"], "logprob": t["logprob"], "bytes": list(t["token"].encode("utf-8", "surrogatepass"))}
+    return {"content": [entry(t) | {"top_logprobs": [entry(a) for a in t["top"]]} for t in r.logprobs], "refusal": None}
+
+
+def completion_logprobs(r: RowResult) -> dict | None:
+    """choices[0].logprobs of a text_completion: {tokens, token_logprobs, top_logprobs, text_offset}."""
+    if r.logprobs is None:
+        return None
+    offsets, at = [], 0
+    for t in r.logprobs:
+        offsets.append(at)
+        at += len(t["token"])
+    return {"tokens": [t["token"] for t in r.logprobs], "token_logprobs": [t["logprob"] for t in r.logprobs],
+            "top_logprobs": [{a["token"]: a["logprob"] for a in t["top"]} for t in r.logprobs], "text_offset": offsets}
+
+
 def response_body(r: RowResult, model: str, created: int) -> dict:
     """A chat.completion (chat requests) or text_completion (completion requests) with usage."""
     usage = {"prompt_tokens": r.num_prompt_tokens, "completion_tokens": r.num_output_tokens,
              "total_tokens": r.num_prompt_tokens + r.num_output_tokens}
     if r.endpoint == CHAT:
-        choice = {"index": 0, "message": {"role": "assistant", "content": r.output}, "logprobs": None,
+        choice = {"index": 0, "message": {"role": "assistant", "content": r.output}, "logprobs": chat_logprobs(r),
                   "finish_reason": r.finish_reason}
         return {"id": f"chatcmpl-{_digest(r)}", "object": "chat.completion", "created": created, "model": model,
                 "choices": [choice], "usage": usage}
-    choice = {"index": 0, "text": r.output, "logprobs": None, "finish_reason": r.finish_reason}
+    choice = {"index": 0, "text": r.output, "logprobs": completion_logprobs(r), "finish_reason": r.finish_reason}
     return {"id": f"cmpl-{_digest(r)}", "object": "text_completion", "created": created, "model": model,
             "choices": [choice], "usage": usage}
 

@@ -8,6 +8,7 @@ error row. A line is never held in memory beyond `max_record_bytes`.
 from __future__ import annotations
 
 import gzip
+import json
 import zlib
 from collections.abc import Iterator
 
@@ -104,13 +105,37 @@ def _read_jsonl(shard: Shard, fields: FieldConfig, start_row: int, kind: str, li
                 try:
                     obj = orjson.loads(line)
                 except orjson.JSONDecodeError as e:
-                    yield bad_record(shard, row, _json_problem(line, e))
+                    yield _surrogate_record(line, shard, row, kind, fields) or bad_record(shard, row, _json_problem(line, e))
                     continue
                 yield to_record(obj, shard, row, kind, fields)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise InputError(f"{shard.path}: compressed file is truncated or corrupt ({e})") from e
     except OSError as e:
         raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
+
+
+def _surrogate_record(line: bytes, shard: Shard, row: int, kind: str, fields: FieldConfig) -> Record | None:
+    """A line that is valid JSON but not valid Unicode (a lone surrogate escape such as \\ud800, which
+    orjson refuses): an error row that keeps the record's own id where the id itself is valid."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    rec = to_record(obj, shard, row, kind, fields)
+    fallback = bad_record(shard, row, "record is valid JSON but not valid Unicode (a lone surrogate escape such as "
+                                      "\\ud800); encode its text as UTF-8")
+    if not all(_is_unicode(v) for v in (rec.id, rec.custom_id)):
+        return fallback
+    rec.error, rec.prompt, rec.messages = fallback.error, None, None
+    return rec
+
+
+def _is_unicode(text: str | None) -> bool:
+    try:
+        text is None or text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _json_problem(line: bytes, e: orjson.JSONDecodeError) -> str:
@@ -131,7 +156,8 @@ def _open_parquet(shard: Shard) -> pq.ParquetFile:
 def parquet_columns(pf: pq.ParquetFile, shard: Shard, fields: FieldConfig) -> list[str]:
     names = set(pf.schema_arrow.names)
     if fields.prompt not in names and fields.messages not in names:
-        raise InputError(f"{shard.path}: Parquet file has no {fields.prompt!r} or {fields.messages!r} column (columns: {', '.join(sorted(names))})")
+        raise InputError(f"{shard.path}: Parquet file has no {fields.prompt!r} or {fields.messages!r} column "
+                         f"(columns: {', '.join(sorted(names))}); name yours with --prompt-field or --messages-field")
     wanted = [fields.id, fields.prompt, fields.messages, "max_tokens", "keep", "temperature"]
     return list(dict.fromkeys(c for c in wanted if c in names))
 

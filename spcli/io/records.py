@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spcli.config import FieldConfig
+from spcli.config import AUTO, FieldConfig
 from spcli.errors import InputError, RecordError
 
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
@@ -36,7 +36,7 @@ class Record:
     prompt: str | None = None
     messages: list[dict] | None = None
     max_tokens: int | None = None
-    keep: float | None = None
+    keep: float | str | None = None  # a fraction in (0, 1] or "auto"
     temperature: float | None = None
     custom_id: str | None = None  # OpenAI batch request lines
     endpoint: str | None = None  # "/v1/chat/completions" (messages) | "/v1/completions" (prompt)
@@ -120,9 +120,24 @@ def _check_messages(value: Any, field: str) -> list[dict]:
             raise RecordError(f"field {field!r}[{i}] must be an object with role and content")
         if m.get("role") not in ROLES:
             raise RecordError(f"field {field!r}[{i}].role must be one of {', '.join(ROLES)}, got {m.get('role')!r}")
-        if not isinstance(m.get("content"), str):
-            raise RecordError(f"field {field!r}[{i}].content must be a string")
+        content = m.get("content")
+        if isinstance(content, list):  # OpenAI text parts: [{"type": "text", "text": ...}]
+            m = value[i] = {**m, "content": _text_parts(content, f"{field}[{i}].content")}
+        elif not isinstance(content, str):
+            raise RecordError(f"field {field!r}[{i}].content must be a string or a list of text parts")
     return value
+
+
+def _text_parts(parts: list, field: str) -> str:
+    """OpenAI content parts -> one string; only text parts can be prefilled."""
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise RecordError(f"field {field!r}[{j}] must be a text part {{\"type\": \"text\", \"text\": ...}}, "
+                              f"got {kind!r}")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def _number(obj: dict, key: str, kind: type, lo: float, hi: float, field: str, open_low: bool = False) -> Any:
@@ -135,6 +150,15 @@ def _number(obj: dict, key: str, kind: type, lo: float, hi: float, field: str, o
     if not ((lo < value) if open_low else (lo <= value)) or not value <= hi:
         raise RecordError(f"field {field!r} must be in {'(' if open_low else '['}{lo}, {hi}], got {value!r}")
     return kind(value)
+
+
+def _keep(obj: dict) -> float | str | None:
+    """A record's own keep: a number in (0, 1] or "auto" (OpenAI batch: `body.keep`)."""
+    if obj.get("keep") == AUTO:
+        return AUTO
+    if isinstance(obj.get("keep"), str):
+        raise RecordError(f"field 'keep' must be a number in (0, 1] or \"auto\", got {obj['keep']!r}")
+    return _number(obj, "keep", float, 0, 1, "keep", open_low=True)
 
 
 def _openai_request(obj: dict, rec: Record) -> dict:
@@ -199,7 +223,7 @@ def to_record(obj: Any, shard: Shard, row: int, kind: str, fields: FieldConfig) 
         else:
             raise RecordError(f"field {prompt_key!r} (or {messages_key!r}) is missing or null")
         rec.max_tokens = _number(src, max_key, int, 1, 1 << 20, max_key)
-        rec.keep = _number(src, "keep", float, 0, 1, "keep", open_low=True)
+        rec.keep = _keep(src)
         rec.temperature = _number(src, "temperature", float, 0, 100, "temperature")
     except RecordError as e:
         rec.error = f"{where(shard.path, row, kind)}: {e}"

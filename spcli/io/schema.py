@@ -26,10 +26,16 @@ class RowResult:
     importance: list[float] | None = None  # with --save-scores: one per prompt token
     custom_id: str | None = None  # OpenAI batch requests
     endpoint: str | None = None
+    logprobs: list[dict] | None = None  # with --logprobs N: per generated token, see LOGPROB below
 
     @property
     def keep_rate(self) -> float | None:
         return self.num_kept_tokens / self.num_prompt_tokens if self.num_prompt_tokens else None
+
+
+_TOKEN = [pa.field("token_id", pa.int32()), pa.field("token", pa.string()), pa.field("logprob", pa.float32())]
+# one generated token: its id, text and logprob, and the top N alternatives at its step, best first
+LOGPROB = pa.struct(_TOKEN + [pa.field("top", pa.list_(pa.struct(_TOKEN)))])
 
 
 def output_schema(save_scores: bool) -> pa.Schema:
@@ -50,6 +56,7 @@ def output_schema(save_scores: bool) -> pa.Schema:
         pa.field("decode_s", pa.float64()),
         pa.field("error", pa.string()),
         pa.field("custom_id", pa.string()),  # OpenAI batch requests: the key of the response lines
+        pa.field("logprobs", pa.list_(LOGPROB)),  # null unless --logprobs N
     ]
     if save_scores:
         fields.append(pa.field("importance", pa.list_(pa.float32())))
@@ -64,6 +71,8 @@ def to_dict(r: RowResult, save_scores: bool) -> dict:
         "kept_indices": r.kept_indices, "ttft_s": r.ttft_s, "speculate_s": r.speculate_s,
         "prefill_s": r.prefill_s, "decode_s": r.decode_s, "error": r.error, "custom_id": r.custom_id,
     }
+    if r.logprobs is not None:  # JSONL carries the key only when asked
+        d["logprobs"] = r.logprobs
     if save_scores:
         d["importance"] = r.importance
     return d

@@ -1,14 +1,15 @@
-"""The base-model pass of Speculative Prefill on vLLM 0.32 (arXiv:2502.02789, step 9-10).
+"""The base pass on vLLM 0.32 (arXiv:2502.02789, steps 9-10): PrunedRequests in, Generations out.
 
 Each request's prompt is its kept token ids; `SpcliWorker` (vllm_worker.py) runs them
 at their original positions K and decodes at n, n+1, ... The KV cache holds only the
 kept tokens. Typical use:
 
-    base = VllmBase(VllmBaseConfig(model="/path/to/llama", dtype="bfloat16"))
-    results = base.generate([(kept_ids, kept_positions, n, max_tokens, 0.0, None)])
-    base.close()
+    runner = VllmRunner(VllmRunnerConfig(model="/path/to/llama", dtype="bfloat16"), tokenizer, eos_ids)
+    generations = runner.generate([request])  # spcli.engine.request.PrunedRequest
+    runner.close()
 
-Prefix caching: vLLM hashes blocks by token ids only, so the same ids kept at other
+Requests that keep every token are sent plain (no kept indices, no salt), so prefix caching can
+serve them. Prefix caching: vLLM hashes blocks by token ids only, so the same ids kept at other
 positions would reuse KV computed at the wrong positions. It is off by default; every
 pruned request also carries a `cache_salt` derived from (n, K), so turning it on (e.g.
 for repeated identical selections) is safe: requests share blocks only with requests
@@ -19,25 +20,27 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from spcli.engine.request import Generation, PrunedRequest, TokenLogprob
 from spcli.engine.vllm_worker import KEPT_KEY, LENGTH_KEY, WORKER_CLS  # refuses vLLM != 0.32.x
 from spcli.errors import ConfigError, RecordError
 
-# Engine arguments VllmBase owns or cannot honour.
+# Engine arguments VllmRunner owns or cannot honour.
 _REFUSED_ENGINE_ARGS = {
     "speculative_config": "speculative decoding builds its own positions",
     "worker_cls": "the spcli worker is required",
-    "enable_prefix_caching": "use VllmBaseConfig.enable_prefix_caching",
+    "enable_prefix_caching": "use VllmRunnerConfig.enable_prefix_caching",
 }
 
 
 @dataclass(frozen=True)
-class VllmBaseConfig:
+class VllmRunnerConfig:
     """vLLM engine settings for the base model; fields map one-to-one onto LLM(...)."""
 
     model: str  # local folder with config.json, safetensors and a tokenizer
@@ -50,7 +53,6 @@ class VllmBaseConfig:
     seed: int = 0
     enforce_eager: bool = False
     enable_prefix_caching: bool = False  # safe either way, see the module docstring
-    num_logprobs: int = 5  # top-k logprobs returned for the first generated token
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # other LLM(...) args
 
     def __post_init__(self):
@@ -60,31 +62,9 @@ class VllmBaseConfig:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.num_logprobs < 0:
-            raise ConfigError(f"num_logprobs must be >= 0, got {self.num_logprobs}")
         for key, why in _REFUSED_ENGINE_ARGS.items():
             if key in self.engine_kwargs:
                 raise ConfigError(f"--engine vllm: engine argument {key!r} is refused: {why}.")
-
-
-class BaseRequest(NamedTuple):
-    """One pruned prompt; a plain tuple in this field order works too."""
-
-    kept_ids: Sequence[int]  # [m] token ids of the kept tokens
-    kept_positions: Sequence[int]  # [m] their original indices, strictly ascending, < n
-    num_prompt: int  # n, the original prompt length
-    max_tokens: int
-    temperature: float = 0.0
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
-class BaseResult:
-    token_ids: list[int]  # [num_generated]
-    text: str
-    finish_reason: str | None  # "stop" | "length" | ...
-    first_logprobs: dict[int, float]  # top num_logprobs of the first step: token id -> logprob
-    ttft_s: float | None  # arrival -> first token, as vLLM measured it
 
 
 def cache_salt(kept_positions: np.ndarray, num_prompt: int) -> str:
@@ -94,14 +74,16 @@ def cache_salt(kept_positions: np.ndarray, num_prompt: int) -> str:
     return "spcli-" + digest.hexdigest()
 
 
-class VllmBase:
+class VllmRunner:
     """A vLLM engine whose requests run kept tokens at their original positions."""
 
-    def __init__(self, config: VllmBaseConfig):
+    def __init__(self, config: VllmRunnerConfig, tokenizer, eos_ids: set[int]):
         from vllm import LLM
 
         _require_v1_model_runner()
         self.config = config
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
         kwargs = {
             "max_model_len": config.max_model_len,
             "max_num_batched_tokens": config.max_num_batched_tokens,
@@ -125,19 +107,15 @@ class VllmBase:
         self.max_model_len: int = model_config.max_model_len
         self.max_positions: int = model_config.hf_text_config.max_position_embeddings
 
-    def check_request(self, request: BaseRequest | tuple) -> BaseRequest:
+    def check(self, req: PrunedRequest) -> None:
         """Validate one request; raises RecordError (an error row for this record)."""
-        req = BaseRequest(*request)
-        m, n = len(req.kept_ids), req.num_prompt
-        positions = np.asarray(req.kept_positions, dtype=np.int64)  # [m]
-        if m == 0 or positions.shape != (m,):
-            raise RecordError(
-                f"kept_ids ({m}) and kept_positions ({positions.size}) must be non-empty "
-                "and of equal length"
-            )
+        m, n = int(req.kept.numel()), req.num_prompt_tokens
+        positions = req.kept.numpy()  # [m]
+        if m == 0:
+            raise RecordError("a request must keep at least one token")
         if positions[0] < 0 or positions[-1] >= n or np.any(np.diff(positions) <= 0):
             raise RecordError(
-                f"kept_positions must be strictly ascending within [0, n={n}); "
+                f"kept positions must be strictly ascending within [0, n={n}); "
                 f"got {positions[:8].tolist()}{'...' if m > 8 else ''}"
             )
         if req.max_tokens < 1:
@@ -153,28 +131,30 @@ class VllmBase:
                 f"{m} kept tokens + max_tokens={req.max_tokens} exceed max_model_len="
                 f"{self.max_model_len}; raise --max-model-len or lower --keep/max_tokens"
             )
-        return req
 
-    def request_inputs(self, request: BaseRequest | tuple) -> tuple[dict, Any]:
+    def request_inputs(self, req: PrunedRequest) -> tuple[dict, Any]:
         """The (TokensPrompt, SamplingParams) pair vLLM receives for one request."""
         from vllm import SamplingParams
 
-        req = self.check_request(request)
-        positions = [int(p) for p in req.kept_positions]
-        prompt = {
-            "prompt_token_ids": [int(t) for t in req.kept_ids],
-            "cache_salt": cache_salt(np.asarray(positions), req.num_prompt),
-        }
+        self.check(req)
+        prompt = {"prompt_token_ids": req.kept_ids().tolist()}
+        extra = None
+        if req.is_pruned:
+            positions = req.kept.tolist()
+            prompt["cache_salt"] = cache_salt(np.asarray(positions), req.num_prompt_tokens)
+            extra = {KEPT_KEY: positions, LENGTH_KEY: req.num_prompt_tokens}
         params = SamplingParams(
             max_tokens=req.max_tokens,
             temperature=req.temperature,
-            seed=req.seed,
-            logprobs=self.config.num_logprobs or None,
-            extra_args={KEPT_KEY: positions, LENGTH_KEY: int(req.num_prompt)},
+            seed=req.seed if req.temperature > 0 else None,
+            logprobs=req.num_logprobs or None,  # none computed when off
+            stop_token_ids=sorted(self.eos_ids),
+            detokenize=False,  # spcli decodes with the base's tokenizer
+            extra_args=extra,
         )
         return prompt, params
 
-    def generate(self, batch: Sequence[BaseRequest | tuple]) -> list[BaseResult]:
+    def generate(self, batch: Sequence[PrunedRequest]) -> list[Generation]:
         """Run a batch; raises RecordError naming the first bad request (check first)."""
         inputs = []
         for i, request in enumerate(batch):
@@ -185,31 +165,55 @@ class VllmBase:
         if not inputs:
             return []
         prompts, params = zip(*inputs)
+        start = time.perf_counter()
         outputs = self.llm.generate(list(prompts), list(params), use_tqdm=False)
-        return [self._result(out) for out in outputs]
+        wall = time.perf_counter() - start
+        ttfts = [_first_token_latency(o) for o in outputs]
+        prefill_s = max((t if t is not None else wall) for t in ttfts)  # arrival -> first token of the last row
+        return [self._generation(o, req, wall if t is None else t, prefill_s, wall)
+                for o, req, t in zip(outputs, batch, ttfts)]
 
-    def _result(self, output) -> BaseResult:
+    def _generation(self, output, req: PrunedRequest, ttft_s: float, prefill_s: float, wall: float) -> Generation:
         completion = output.outputs[0]
-        first = completion.logprobs[0] if completion.logprobs else {}
-        top = {t: lp.logprob for t, lp in first.items() if lp.rank <= self.config.num_logprobs}
-        metrics = output.metrics
-        return BaseResult(
-            token_ids=list(completion.token_ids),
-            text=completion.text,
-            finish_reason=completion.finish_reason,
-            first_logprobs=top,
-            ttft_s=getattr(metrics, "first_token_latency", None) if metrics else None,
+        tokens, finish = until_eos(completion.token_ids, self.eos_ids, completion.finish_reason)
+        logprobs = None
+        if req.num_logprobs and completion.logprobs:
+            logprobs = [_token_logprob(t, step, req.num_logprobs) for t, step in zip(tokens, completion.logprobs)]
+        return Generation(
+            token_ids=tokens, text=self.tokenizer.decode(tokens, skip_special_tokens=True), finish_reason=finish,
+            ttft_s=ttft_s, prefill_s=prefill_s, decode_s=max(0.0, wall - ttft_s), logprobs=logprobs,
         )
 
     def close(self) -> None:
         """Stop vLLM's engine processes now (else they stop at interpreter exit)."""
         self.llm.llm_engine.engine_core.shutdown()
 
-    def __enter__(self) -> VllmBase:
+    def __enter__(self) -> VllmRunner:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def until_eos(token_ids: Sequence[int], eos_ids: set[int], finish: str | None) -> tuple[list[int], str]:
+    """The hf engine's semantics: stop at the first end-of-sequence id, which is not output."""
+    for i, t in enumerate(token_ids):
+        if t in eos_ids:
+            return list(token_ids[:i]), "stop"
+    return list(token_ids), finish or "length"
+
+
+def _first_token_latency(output) -> float | None:
+    metrics = output.metrics
+    return getattr(metrics, "first_token_latency", None) if metrics else None
+
+
+def _token_logprob(token_id: int, step: dict, k: int) -> TokenLogprob:
+    """vLLM's {token id: Logprob(logprob, rank)} of one step -> the chosen token and its top k."""
+    top = sorted(((t, lp.logprob) for t, lp in step.items() if lp.rank is not None and lp.rank <= k),
+                 key=lambda x: -x[1])
+    chosen = step.get(token_id)
+    return TokenLogprob(int(token_id), float(chosen.logprob) if chosen else float("nan"), top[:k])
 
 
 def _require_v1_model_runner() -> None:
@@ -220,4 +224,3 @@ def _require_v1_model_runner() -> None:
             "--engine vllm needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER "
             "or set it to 0"
         )
-

@@ -3,15 +3,29 @@
 import torch
 from transformers import DynamicCache
 
-from spcli.engine.load import load_causal_lm
-from spcli.engine.prefill import PrunedPrompt, generate_pruned
+from spcli.engine import hf_pass
+from spcli.engine.load import load_causal_lm, load_tokenizer
+from spcli.engine.request import PrunedRequest
 
 CPU = torch.device("cpu")
+
+
+def PrunedPrompt(kept_ids, kept, n, max_tokens, temperature=0.0, seed=0):
+    """A request for an n-token prompt whose kept tokens (at `kept`) are `kept_ids`."""
+    token_ids = [0] * n
+    for k, t in zip(kept.tolist(), kept_ids.tolist()):
+        token_ids[k] = t
+    return PrunedRequest("r", token_ids, kept, max_tokens, temperature=temperature, seed=seed)
 
 
 def full(ids, max_tokens=12):
     ids = torch.tensor(ids)
     return PrunedPrompt(ids, torch.arange(ids.numel()), ids.numel(), max_tokens)
+
+
+def generate_pruned(model, prompts, eos_ids, pad_id, device, keep_first_logprobs=False):
+    tokenizer = load_tokenizer(model.name_or_path)
+    return hf_pass.generate(model, prompts, tokenizer, eos_ids, pad_id, device, keep_first_logprobs), None
 
 
 def test_keep_all_equals_transformers_generate(tiny_dir):
@@ -79,3 +93,52 @@ def test_sampling_is_seeded_per_row(tiny_dir):
     assert a[0].token_ids == b[0].token_ids
     assert b[1].token_ids == c[0].token_ids
     assert a[0].token_ids != c[0].token_ids
+
+
+def test_buckets_never_pad_short_to_long():
+    lengths = [2000, 8, 12, 1900, 40, 600, 9, 1950]
+    buckets = hf_pass.length_buckets(lengths)
+    assert sorted(i for b in buckets for i in b) == list(range(8))
+    assert [lengths[b[0]] for b in buckets] == sorted(lengths[b[0]] for b in buckets), "shortest bucket first"
+    for b in buckets:
+        width, real = max(lengths[i] for i in b), sum(lengths[i] for i in b)
+        assert width * len(b) <= hf_pass.MAX_PADDING * real + hf_pass.PADDING_SLACK * len(b)
+    assert {8, 9, 12, 40} == {lengths[i] for i in buckets[0]}
+    assert not any({1, 0} <= set(b) for b in buckets)
+
+
+def test_bucketed_batch_keeps_order_and_each_row_its_own_ttft(tiny_dir):
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    prompts = [full(list(range(100, 1100)), 4), full(list(range(7, 15)), 4), full(list(range(300, 1290)), 4),
+               full(list(range(20, 29)), 4)]
+    gens, _ = generate_pruned(model, prompts, set(), 0, CPU)
+    plain = hf_pass.generate(model, prompts, load_tokenizer(model.name_or_path), set(), 0, CPU, bucket=False)
+    for p, g, q in zip(prompts, gens, plain):
+        alone, _ = generate_pruned(model, [p], set(), 0, CPU)
+        assert g.token_ids == alone[0].token_ids == q.token_ids
+    short, long = max(gens[1].ttft_s, gens[3].ttft_s), min(gens[0].ttft_s, gens[2].ttft_s)
+    assert gens[1].ttft_s == gens[3].ttft_s, "one bucket"
+    assert short < long, "the short prompts' first token does not wait for the long prefill"
+    assert len({q.ttft_s for q in plain}) == 1
+
+
+def test_logprobs_are_the_log_softmax_of_each_step(tiny_dir):
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    ids = list(range(1000, 1030))
+    p = full(ids, 5)
+    p.num_logprobs = 3
+    plain = full(list(range(40, 47)), 5)  # a row that asks for none, in the same call
+    gens, _ = generate_pruned(model, [p, plain], set(), 0, CPU)
+    g = gens[0]
+    assert gens[1].logprobs is None
+    assert [t.token_id for t in g.logprobs] == g.token_ids
+    seq = list(ids)
+    for t in g.logprobs:
+        with torch.no_grad():
+            ref = torch.log_softmax(model(torch.tensor([seq])).logits[0, -1].float(), -1)
+        top = ref.topk(3)
+        assert [i for i, _ in t.top] == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor([lp for _, lp in t.top]), top.values, rtol=1e-4, atol=1e-4)
+        assert abs(t.logprob - float(ref[t.token_id])) < 1e-4
+        assert t.top[0][0] == t.token_id  # greedy: the best is the pick
+        seq.append(t.token_id)

@@ -1,0 +1,92 @@
+"""One batch of records -> one output row each: the run layer around an engine.
+
+Records that were already bad become error rows; the rest go through the shared stages
+(`engine.prepare.prepare`: tokenize -> speculate -> select) and the engine's base pass. Rows are
+built here, not in the engines, which only return Generations or RecordErrors.
+"""
+
+from __future__ import annotations
+
+import time
+
+from spcli.config import RunConfig
+from spcli.engine.prepare import prepare
+from spcli.engine.request import Generation, PrunedRequest
+from spcli.errors import RecordError
+from spcli.io.records import Record, shard_kind, where
+from spcli.io.schema import RowResult
+from spcli.stop import StopAtSafePoint
+
+
+def where_of(rec: Record, shard_paths: dict[int, str]) -> str:
+    """How an error names a record: `file:line N` (JSONL, 1-based) or `file:row N` (Parquet)."""
+    path = shard_paths[rec.shard]
+    return where(path, rec.row, shard_kind(path))
+
+
+def error_row(rec: Record, shard_paths: dict[int, str], message: str) -> RowResult:
+    return RowResult(rec.id, shard_paths[rec.shard], rec.row, error=message,
+                     custom_id=rec.custom_id, endpoint=rec.endpoint)
+
+
+def logprob_rows(gen: Generation, tokenizer) -> list[dict] | None:
+    """Generation.logprobs -> the output column's structs, each token id with its decoded text."""
+    if gen.logprobs is None:
+        return None
+    ids = {t.token_id for t in gen.logprobs} | {i for t in gen.logprobs for i, _ in t.top}
+    text = {i: tokenizer.decode([i]) for i in ids}
+    token = lambda i, lp: {"token_id": i, "token": text[i], "logprob": lp}
+    return [token(t.token_id, t.logprob) | {"top": [token(i, lp) for i, lp in t.top]} for t in gen.logprobs]
+
+
+def output_row(rec: Record, shard_paths: dict[int, str], req: PrunedRequest, gen: Generation, waited_s: float,
+               save_scores: bool, tokenizer=None) -> RowResult:
+    """The row of a record whose base pass made `gen`; waited_s: batch start -> its base pass start."""
+    return RowResult(
+        id=rec.id, shard=shard_paths[rec.shard], row=rec.row, output=gen.text, finish_reason=gen.finish_reason,
+        num_prompt_tokens=req.num_prompt_tokens, num_kept_tokens=int(req.kept.numel()),
+        num_output_tokens=len(gen.token_ids), kept_indices=req.kept.tolist(), ttft_s=waited_s + gen.ttft_s,
+        speculate_s=req.speculate_s, prefill_s=gen.prefill_s, decode_s=gen.decode_s,
+        importance=req.importance.tolist() if (save_scores and req.importance is not None) else None,
+        custom_id=rec.custom_id, endpoint=rec.endpoint,
+        logprobs=logprob_rows(gen, tokenizer) if tokenizer is not None else None,
+    )
+
+
+def run_batch(engine, records: list[Record], cfg: RunConfig, shard_paths: dict[int, str],
+              on_stage=lambda text: None, should_stop=lambda: False) -> list[RowResult]:
+    """One row per record, in order. `engine`: HFEngine or VllmEngine (stack, check, generate).
+
+    on_stage(text) hears where the batch is; should_stop() is asked at the batch's safe points
+    (between speculator groups, before the base pass, between decode steps), and when it says yes
+    the batch is dropped with StopAtSafePoint: no row of it is returned.
+    """
+    t0 = time.perf_counter()
+    rows: list[RowResult | None] = [None] * len(records)
+    todo = []
+    for i, rec in enumerate(records):
+        if rec.error is not None:
+            rows[i] = error_row(rec, shard_paths, rec.error)
+        else:
+            todo.append(i)
+    ready: list[tuple[int, PrunedRequest]] = []
+    for i, req in zip(todo, prepare([records[i] for i in todo], cfg, engine.stack, on_stage, should_stop)):
+        try:
+            if isinstance(req, RecordError):
+                raise req
+            engine.check(req)
+            ready.append((i, req))
+        except RecordError as e:
+            rows[i] = error_row(records[i], shard_paths, f"{where_of(records[i], shard_paths)}: {e}")
+    if ready:
+        if should_stop():
+            raise StopAtSafePoint
+        on_stage(f"base pass on {len(ready)} rows")
+        waited = time.perf_counter() - t0
+        for (i, req), gen in zip(ready, engine.generate([req for _, req in ready], should_stop)):
+            rec = records[i]
+            if isinstance(gen, RecordError):
+                rows[i] = error_row(rec, shard_paths, f"{where_of(rec, shard_paths)}: {gen}")
+            else:
+                rows[i] = output_row(rec, shard_paths, req, gen, waited, cfg.save_scores, engine.stack.tokenizer)
+    return rows  # type: ignore[return-value]

@@ -1,0 +1,60 @@
+"""The one loader (spcli/engine/load.py): a sliding-window speculator is refused at load time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spcli.engine import load
+from spcli.errors import ConfigError
+
+
+def build_tiny_mistral(dest, tokenizer_dir, sliding_window):
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                           sliding_window=sliding_window, eos_token_id=2, bos_token_id=1)
+    MistralForCausalLM(config).save_pretrained(dest)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(dest)
+    return dest
+
+
+def test_sliding_window_self_speculator_is_refused_naming_the_field(tmp_path, smollm2_dir):
+    path = build_tiny_mistral(tmp_path / "mistral", smollm2_dir, sliding_window=256)
+    with pytest.raises(ConfigError, match=r"config.json sliding_window = 256 < the 4096 positions"):
+        load.load_stack(str(path), "self:1", "float32", "cpu", with_base=False)
+    stack = load.load_stack(str(path), "self:1", "float32", "cpu", with_base=False, needs_speculator=False)
+    with pytest.raises(ConfigError, match="sliding-window attention"):  # and on first use
+        stack.speculator
+
+
+def test_a_window_no_prompt_can_exceed_is_accepted(tmp_path, smollm2_dir):
+    path = build_tiny_mistral(tmp_path / "mistral", smollm2_dir, sliding_window=4096)
+    stack = load.load_stack(str(path), "self:1", "float32", "cpu")
+    assert stack.speculator.config.num_hidden_layers == 1
+
+
+def test_full_attention_model_passes(tiny_dir):
+    load.check_full_attention(load.read_config(tiny_dir), 4096, "tiny", "speculator")
+
+
+def test_an_engine_bound_on_prompt_length_is_an_error_row_naming_its_flag(tiny_dir):
+    """vLLM sizes the speculator's GPU share for max_model_len-token prompts: a longer one is refused as an
+    error row naming that limit and the flag that raises it, before anything runs out of memory."""
+    from spcli.config import RunConfig
+    from spcli.engine.prepare import request_for
+    from spcli.errors import RecordError
+    from spcli.io.records import Record
+
+    stack = load.load_stack(str(tiny_dir), "self:2", "float32", "cpu", with_base=False)
+    cfg = RunConfig(inputs=("x",), out="x")
+    rec = Record(0, 0, "r", prompt="word " * 300)
+    assert request_for(rec, cfg, stack).num_prompt_tokens > 200
+    stack.max_prompt_len, stack.prompt_len_flag = 200, "--max-model-len (it sizes the speculator's share of the GPU)"
+    with pytest.raises(RecordError) as e:
+        request_for(rec, cfg, stack)
+    assert str(e.value).endswith(
+        "more than the 200 allowed (the speculator's memory plan is sized for 200-token prompts; raise "
+        "--max-model-len (it sizes the speculator's share of the GPU)); use --truncate left|middle to cut it")
