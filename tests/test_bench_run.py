@@ -21,7 +21,7 @@ def test_bench_json_schema_and_consistent_ratios(tmp_path, tiny_dir):
         assert all(r[k] > 0 for k in ("ttft_full_s", "ttft_spec_s", "speedup", "limit"))
         # one repetition: the speedup is the ratio of the two TTFTs, the limit its formula
         assert abs(r["speedup"] - r["ttft_full_s"] / r["ttft_spec_s"]) < 1e-9
-        expected = 1 / (r["kept_fraction"] + r["speculator_share"] + r["overhead_share"])
+        expected = 1 / (r["kept_fraction"] + r["speculator_share"])
         assert abs(r["limit"] - expected) < 1e-9
         assert r["kept_fraction"] == (64 + 4 if r["keep"] == 0.1 else 150) / 300  # forced floor at 0.1 (budget 30)
         assert sum(r["stages"].values()) <= r["ttft_spec_s"] * 1.001
@@ -35,6 +35,40 @@ def test_bench_table_names_the_columns(tiny_dir):
                                    "--lengths", "128", "--repeats", "1", "--warmup", "0", "--max-tokens", "1"])
     assert res.exit_code == 0, res.output
     assert "speedup" in res.stdout and "limit" in res.stdout and "0.30" in res.stdout
+    assert ("warning: one timed repetition: nothing shows how noisy this machine is; use --repeats 3 or more\n"
+            in res.stderr)
+
+
+def test_every_table_column_is_explained_in_help_and_readme():
+    from pathlib import Path
+
+    from spcli.benchmark.report import COLUMN_HELP
+    from spcli.benchmark.run import text_table
+
+    head = text_table([]).splitlines()[1].split("  ")
+    assert [h.strip() for h in head if h.strip()] == [name for name, _ in COLUMN_HELP]
+    res = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name, text in COLUMN_HELP:
+        assert f"{name}: {text}." in " ".join(res.output.replace("│", " ").split()), name
+        assert f"`{name}`: {text}" in readme, name
+
+
+def test_noisy_repetitions_are_flagged():
+    from spcli.benchmark.report import reliability_warnings
+
+    steady = {"length": 1024, "keep": 0.1, "repeats": 3, "speedups": [6.0, 6.2, 6.1], "speedup_median": 6.1}
+    noisy = {**steady, "keep": 0.3, "speedups": [2.0, 2.6, 2.2], "speedup_median": 2.2}
+    assert reliability_warnings([steady]) == []
+    assert reliability_warnings([steady, noisy]) == [
+        "length 1024 keep 0.3: per-repetition speedups spread 27% (over 10%): the machine is noisy, the ratio is unreliable"]
+
+
+def test_lengths_beyond_the_context_are_refused_before_anything_runs(tiny_dir):
+    res = CliRunner().invoke(app, ["bench", "--model", str(tiny_dir), "--lengths", "128,100000", "--max-tokens", "16"])
+    assert res.exit_code != 0
+    assert str(res.exception) == (f"--lengths 100000: with --max-tokens 16 it does not fit {tiny_dir}'s context of "
+                                  "4096 tokens; use lengths up to 4080")
 
 
 def test_bench_rejects_keep_one(tiny_dir):

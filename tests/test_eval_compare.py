@@ -108,3 +108,29 @@ def test_lengths_beyond_the_context_are_fitted_with_room_to_answer(models, tiny_
     for ex in examples:
         ids = models.tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         assert len(ids) <= 700 - 32
+
+
+def test_eval_auto_policy_is_matched_by_a_fixed_keep_and_compared_paired(tmp_path, tiny_dir):
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(app, ["eval", "--task", "niah,niah-scatter", "--lengths", "512", "--samples", "2",
+                                   "--model", str(tiny_dir), "--speculator", "self:2", "--keep", "auto:0.5,1.0",
+                                   "--keep-min", "0.1", "--keep-max", "0.4", "--selector", "specprefill",
+                                   "--dtype", "float32", "--out", str(out), "--bootstrap", "200",
+                                   "--min-tokens", "0", "--max-tokens", "4", "--compare-tokens", "4"])
+    assert res.exit_code == 0, res.output
+    results = json.loads((out / "results.json").read_text())
+    ((policy, fixed),) = results["matched_keeps"].items()
+    assert policy == "auto:0.5" and 0.1 <= fixed <= 0.41
+    rows = [r for r in results["rows"] if r["selector"] == "specprefill"]
+    autos = [r for r in rows if r["keep"] == "auto:0.5"]
+    assert len(autos) == 4 and all(0.1 <= r["num_kept"] / r["num_prompt_tokens"] <= 0.41 for r in autos)
+    assert abs(sum(r["num_kept"] / r["num_prompt_tokens"] for r in autos) / 4 - fixed) < 1e-3  # pooled mean = fixed
+    fixed_rows = {r["id"]: r for r in rows if r["keep"] == fixed}
+    assert all(r["num_kept"] == budget(r["num_prompt_tokens"], fixed) for r in fixed_rows.values())
+    entry = next(e for e in results["matched"] if e["task"] == "all")
+    assert entry["n"] == 4 and entry["fixed"] == fixed
+    want = sum(a["prefix_match"] - fixed_rows[a["id"]]["prefix_match"] for a in autos) / 4
+    assert entry["delta"]["prefix_match"]["mean"] == pytest.approx(want)
+    assert {e["task"] for e in results["matched"]} == {"niah", "niah-scatter", "all"}
+    assert "adaptive vs fixed keep at the same mean kept fraction" in res.output
+    assert "auto:0.5 vs " in res.output and (out / "quality_niah-scatter.png").stat().st_size > 1000

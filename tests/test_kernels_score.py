@@ -1,8 +1,10 @@
-"""spcli/kernels/score.py: the reference against brute force, the Triton kernel (`tri`) against the reference (`ref`).
+"""spcli/kernels/score.py: the reference against brute force, and the dispatcher (auto, fallback).
 
-On a machine without CUDA the kernel runs under Triton's CPU interpreter. Real speculator shapes
-for comparison: SmolLM2-135M 30 layers, 9 heads, 3 KV heads, D=64; Llama-3.1-8B 32 layers,
-32 heads, 8 KV heads, D=128; S = 1 + look-ahead (default 9).
+Also the helpers of tests/test_kernels_score_triton.py (the kernel `tri` against the reference `ref`):
+on a machine without CUDA the kernel runs under Triton's CPU interpreter (the `score` fixture). Real
+speculator shapes for comparison: SmolLM2-135M 30 layers, 9 heads, 3 KV heads, D=64; Llama-3.1-8B
+32 layers, 32 heads, 8 KV heads, D=128; Llama-3.1-405B 128 heads, 8 KV heads; S = W window rows +
+look-ahead (W = 32 and 8 in issue 11; the paper: 1 + 8).
 """
 
 from __future__ import annotations
@@ -10,16 +12,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import logging
 import math
 import os
 import sys
-from pathlib import Path
+import threading
 
 import pytest
 import torch
 
 from spcli.errors import ConfigError
 from spcli.kernels import score as score_module
+from spcli.kernels import score_triton as score_triton_module
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 needs_triton = pytest.mark.skipif(
@@ -69,11 +73,11 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def score():
-    """score.py with kernels this machine can run: compiled on CUDA, Triton's interpreter on CPU.
+    """score.py (and score_triton.py) with kernels this machine can run: compiled on CUDA, Triton's interpreter on CPU.
 
     Triton reads TRITON_INTERPRET when each @triton.jit function is decorated, its own tl.sum and
     tl.zeros included, so at import; other test modules may have imported triton at collection. On
-    CPU, triton and score.py are imported afresh with the variable set, and the originals are put
+    CPU, triton, score_triton.py and score.py are imported afresh with the variable set, and the originals are put
     back afterwards, so neither the variable nor interpreted kernels leak into other test modules.
     """
     if DEVICE.type == "cuda" or not score_module.HAS_TRITON:
@@ -82,9 +86,11 @@ def score():
     with pytest.MonkeyPatch.context() as mp, _one_thread():
         mp.setenv("TRITON_INTERPRET", "1")
         saved = _unload_triton()
+        importlib.reload(score_triton_module)
         yield importlib.reload(score_module)
     _unload_triton()
     sys.modules.update(saved)
+    importlib.reload(score_triton_module)
     importlib.reload(score_module)
 
 
@@ -109,13 +115,11 @@ def make_inputs(num_layers, num_heads, num_kv_heads, num_steps, n, head_dim, dty
     return queries.to(DEVICE, dtype), [k.to(DEVICE, dtype) for k in keys]
 
 
-def run_kernel(score, queries, keys, pool):
-    """The launcher on one prompt, writing into a NaN-poisoned output so an unwritten element fails."""
-    num_steps, n = queries.shape[2], keys[0].shape[1]
-    cu_steps = torch.tensor([0, num_steps], dtype=torch.int32, device=DEVICE)
-    cu_seqlens = torch.tensor([0, n], dtype=torch.int32, device=DEVICE)
-    out = torch.full((n,), math.nan, device=DEVICE)
-    return score.importance_triton(queries, cu_steps, keys, cu_seqlens, pool, n, num_steps, out=out)
+def window_limits(n, window, lookahead):
+    """Row limits int32 [S]: the last max(1, min(window, n)) prompt tokens (row of position t sees t + 1 keys),
+    then `lookahead` rows that see all n."""
+    rows = max(1, min(window, n))
+    return torch.tensor([*range(n - rows + 1, n + 1), *[n] * lookahead], dtype=torch.int32, device=DEVICE)
 
 
 # --- the reference ------------------------------------------------------------------------------
@@ -135,17 +139,25 @@ def test_reference_by_hand():
     assert_close("hand", expected, score_module.importance_reference(queries, keys, pool=3), 1e-7, 1e-6)
     assert_close("hand pool 1", torch.tensor([(1 / 3 + 6 / 11) / 2, 1 / 3, (1 / 2 + 1 / 3) / 2]),
                  score_module.importance_reference(queries, keys, pool=1), 1e-7, 1e-6)
+    # step 0 sees keys [0, 2): head 0 p = [1, 2, 0] / 3, head 1 [1/2, 1/2, 0]; step 1 sees only key 0: p = [1, 0, 0]
+    limited = torch.tensor([(1 / 2 + 1) / 2, (2 / 3 + 0) / 2, 0.0])
+    assert_close("hand limits", limited, score_module.importance_reference(queries, keys, 1, torch.tensor([2, 1])),
+                 1e-7, 1e-6)
 
 
-def brute_force(queries, keys, pool):
-    """Loops over every (layer, head, step) row; pooling as an explicit window sum."""
+def brute_force(queries, keys, pool, row_limits=None):
+    """Loops over every (layer, head, step) row: logits beyond the row's limit are -inf; pooling is an explicit
+    window sum."""
     num_layers, num_heads, num_steps, head_dim = queries.shape
     n, group, halo = keys[0].shape[1], num_heads // keys[0].shape[0], pool // 2
+    limits = [n] * num_steps if row_limits is None else row_limits.tolist()
     best = torch.zeros(num_steps, n, dtype=torch.float64)
     for l in range(num_layers):
         for h in range(num_heads):
             for s in range(num_steps):
-                p = torch.softmax(keys[l][h // group].double() @ queries[l, h, s].double() / math.sqrt(head_dim), 0)
+                logits = keys[l][h // group].double() @ queries[l, h, s].double() / math.sqrt(head_dim)  # [n]
+                logits[limits[s]:] = -math.inf
+                p = torch.softmax(logits, 0)
                 pooled = torch.stack([p[max(0, i - halo) : i + halo + 1].sum() / pool for i in range(n)])
                 best[s] = torch.maximum(best[s], pooled)
     return best.mean(0)
@@ -161,65 +173,29 @@ def test_reference_matches_brute_force_and_naive(n, pool):
     assert_close("naive", score_module.importance_naive(queries, keys, pool), ref, 1e-8, 1e-6)
 
 
-# --- the kernel ---------------------------------------------------------------------------------
-
-SHAPES = [  # (n, head dim, steps, pool, dtype, layers): odd n around the 128-wide tiles
-    *[(n, d, s, p, torch.bfloat16, 3) for n in (1, 31, 33) for d in (64, 128) for s in (1, 8) for p in (1, 13)],
-    *[(1000, d, s, p, torch.bfloat16, 2) for d, s, p in ((64, 8, 13), (128, 1, 13), (64, 1, 1), (128, 8, 1))],
-    *[(n, d, 8, 13, dt, 2) for n, d in ((33, 64), (1000, 128)) for dt in (torch.float32, torch.float16)],
-    (4097, 128, 8, 13, torch.float32, 2),
-    (4097, 128, 8, 13, torch.bfloat16, 2),
-    (4097, 64, 1, 1, torch.float16, 2),
-]
-
-
-@needs_triton
-@pytest.mark.parametrize(
-    "n, head_dim, num_steps, pool, dtype, num_layers", SHAPES,
-    ids=[f"n{n}-D{d}-S{s}-pool{p}-{str(dt)[6:]}-L{l}" for n, d, s, p, dt, l in SHAPES],
-)
-def test_kernel_matches_reference(score, n, head_dim, num_steps, pool, dtype, num_layers):
-    queries, keys = make_inputs(num_layers, 9, 3, num_steps, n, head_dim, dtype, seed=n)
-    ref = score.importance_reference(queries, keys, pool)
-    tri = run_kernel(score, queries, keys, pool)
-    assert_close(f"n={n} D={head_dim} S={num_steps} pool={pool} {dtype}", ref, tri, *TOLERANCES[dtype])
-
-
-@needs_triton
-def test_kernel_reads_cache_views_in_place(score):
-    n, num_steps, pool = 150, 4, 13
-    gen = torch.Generator().manual_seed(1)
-    caches = [torch.randn(2, 3, n + 20, 64, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2)]  # [B,KVH,T,D]
-    keys = [c[1, :, :n, :] for c in caches]  # L x [KVH, n, D], not contiguous
-    queries = (2 * torch.randn(2, 9, num_steps, 64, generator=gen)).to(DEVICE, torch.bfloat16)
-    assert not keys[0].is_contiguous()
-    ref = score.importance_reference(queries, keys, pool)
-    assert_close("cache views", ref, run_kernel(score, queries, keys, pool), *TOLERANCES[torch.bfloat16])
-    assert_close("dispatcher", ref, score.token_importance(queries, keys, pool=pool, impl="triton"),
-                 *TOLERANCES[torch.bfloat16])
-
-
-@needs_triton
 @pytest.mark.parametrize("pool", [1, 13])
-def test_packed_matches_per_prompt(score, pool):
-    lens, steps = [31, 1, 200, 33], [8, 1, 3, 5]
-    gen = torch.Generator().manual_seed(2)
-    queries = (2 * torch.randn(2, 9, sum(steps), 64, generator=gen)).to(DEVICE, torch.float16)  # [L, H, S_total, D]
-    keys = [torch.randn(3, sum(lens), 64, generator=gen).to(DEVICE, torch.float16) for _ in range(2)]  # L x [KVH, N, D]
-    cu_seqlens = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-    cu_steps = torch.tensor([0, *torch.tensor(steps).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-    per_prompt = torch.cat([
-        score.importance_reference(queries[:, :, cu_steps[b] : cu_steps[b + 1]],
-                                   [k[:, cu_seqlens[b] : cu_seqlens[b + 1]] for k in keys], pool)
-        for b in range(len(lens))
-    ])
-    ref = score.token_importance_packed(queries, cu_steps, keys, cu_seqlens, pool=pool, impl="torch")
-    tri = score.token_importance_packed(queries, cu_steps, keys, cu_seqlens, pool=pool, impl="triton")
-    assert_close("packed ref", per_prompt, ref, 0.0, 0.0)
-    assert_close("packed tri", per_prompt, tri, *TOLERANCES[torch.float16])
-    out = torch.full((sum(lens),), math.nan, device=DEVICE)
-    poisoned = score.importance_triton(queries, cu_steps, keys, cu_seqlens, pool, max(lens), max(steps), out=out)
-    assert_close("packed launcher", per_prompt, poisoned, *TOLERANCES[torch.float16])
+@pytest.mark.parametrize("n, window, lookahead", [(1, 1, 0), (7, 3, 2), (40, 17, 0), (40, 40, 3), (41, 64, 1)])
+def test_reference_with_row_limits_matches_brute_force(n, window, lookahead, pool):
+    limits = window_limits(n, window, lookahead)
+    queries, keys = make_inputs(2, 6, 2, limits.numel(), n, 16, torch.float32, seed=n + window)
+    ref = score_module.importance_reference(queries, keys, pool, row_limits=limits)
+    expected = brute_force(queries.cpu(), [k.cpu() for k in keys], pool, limits.cpu())
+    assert_close(f"brute force W={window}", expected, ref, 1e-7, 1e-5)
+    assert_close("naive", score_module.importance_naive(queries, keys, pool, limits), ref, 1e-8, 1e-6)
+
+
+def test_reference_row_limits_cut_exactly():
+    queries, keys = make_inputs(1, 4, 2, 3, 10, 16, torch.float32)
+    probs = score_module.layer_probs(queries[0], keys[0], torch.tensor([1, 4, 10]))  # [H, S, n]
+    assert (probs[:, 0, 1:] == 0).all() and (probs[:, 0, 0] == 1).all() and (probs[:, 1, 4:] == 0).all()
+    assert (probs[:, 2] > 0).all()
+    full = torch.full((3,), 10)
+    assert torch.equal(score_module.importance_reference(queries, keys, 5, full),
+                       score_module.importance_reference(queries, keys, 5))
+    with pytest.raises(AssertionError, match=r"row limits must lie in \[1, n\]"):
+        score_module.importance_reference(queries, keys, 5, torch.tensor([0, 4, 10]))
+    with pytest.raises(AssertionError, match=r"row limits must lie in \[1, n\]"):
+        score_module.importance_reference(queries, keys, 5, torch.tensor([1, 4, 11]))
 
 
 # --- the dispatcher -----------------------------------------------------------------------------
@@ -233,11 +209,12 @@ def test_dispatcher_rejects_unknown_impl():
 
 def test_dispatcher_without_triton(monkeypatch):
     monkeypatch.setattr(score_module, "HAS_TRITON", False)
-    queries, keys = make_inputs(1, 2, 1, 1, 5, 16, torch.float32)
+    queries, keys = make_inputs(1, 2, 1, 2, 5, 16, torch.float32)
     with pytest.raises(ConfigError, match="needs the triton package"):
         score_module.token_importance(queries, keys, pool=3, impl="triton")
-    ref = score_module.importance_reference(queries, keys, 3)
-    assert torch.equal(score_module.token_importance(queries, keys, pool=3, impl="auto"), ref)
+    limits = torch.tensor([4, 5])
+    ref = score_module.importance_reference(queries, keys, 3, limits)
+    assert torch.equal(score_module.token_importance(queries, keys, pool=3, impl="auto", row_limits=limits), ref)
 
 
 @needs_triton
@@ -257,31 +234,54 @@ def test_dispatcher_auto_picks_kernel_on_cuda_or_interpreter(score, monkeypatch)
             score.token_importance(queries, keys, pool=3, impl="triton")
 
 
-# --- the kernel inside the real speculator pass ---------------------------------------------------
+@pytest.fixture()
+def spcli_warnings(monkeypatch):
+    """The warnings logged on the "spcli" logger, with the once-per-process fallback flag reset."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("spcli")
+    logger.addHandler(handler)
+    monkeypatch.setattr(score_module, "_FALLBACK_WARNED", threading.Event())
+    yield records
+    logger.removeHandler(handler)
 
 
-@pytest.mark.slow
-def test_kept_indices_equal_between_torch_and_triton_on_smollm2(score, smollm2_dir, monkeypatch):
-    """On the real SmolLM2 and real prompts, selection from the kernel's scores equals the reference's."""
-    import json
+@needs_triton
+def test_auto_falls_back_to_reference_with_one_warning(score, spcli_warnings, monkeypatch):
+    # float64: a dtype the kernel really refuses
+    queries, keys = make_inputs(2, 4, 2, 3, 20, 16, torch.float64)
+    limits = window_limits(20, 2, 1)
+    ref = score.importance_reference(queries, keys, 5, limits)
+    with pytest.raises(TypeError, match="takes float32, bfloat16 or float16"):
+        score.token_importance(queries, keys, pool=5, impl="triton", row_limits=limits)
+    assert torch.equal(score.token_importance(queries, keys, pool=5, impl="auto", row_limits=limits), ref)
+    cu = torch.tensor([0, 3], device=DEVICE), torch.tensor([0, 20], device=DEVICE)
+    packed = score.token_importance_packed(queries, cu[0], keys, cu[1], pool=5, impl="auto", row_limits=limits)
+    assert torch.equal(packed, ref)
+    # a launch failure (as out of shared memory on a small GPU) after the first: no second warning
+    def fail(*args, **kw):
+        raise RuntimeError("out of resource: shared memory, Required: 262144, Hardware limit: 232448")
 
-    from spcli.config import ScoreConfig, SelectConfig
-    from spcli.engine import speculate as speculate_module
-    from spcli.engine.load import eos_token_ids, load_causal_lm, load_tokenizer
-    from spcli.engine.select import select_tokens
-    from spcli.engine.tokenize import tokenize
-    from spcli.io.records import Record
+    monkeypatch.setattr(score, "importance_triton", fail)
+    queries, keys = make_inputs(2, 4, 2, 3, 20, 16, torch.float32)
+    ref = score.importance_reference(queries, keys, 5, limits)
+    assert torch.equal(score.token_importance(queries, keys, pool=5, impl="auto", row_limits=limits), ref)
+    with pytest.raises(RuntimeError, match="out of resource"):
+        score.token_importance(queries, keys, pool=5, impl="triton", row_limits=limits)
+    assert len(spcli_warnings) == 1, [r.getMessage() for r in spcli_warnings]
+    message = spcli_warnings[0].getMessage()
+    assert message.startswith("the triton scoring kernel failed (TypeError: the triton scoring kernel takes")
+    assert "scoring with the torch reference instead" in message
 
-    monkeypatch.setattr(speculate_module, "token_importance", score.token_importance)  # the (re)loaded kernels
-    model = load_causal_lm(smollm2_dir, "float32", DEVICE).model
-    tokenizer = load_tokenizer(smollm2_dir)
-    eos = eos_token_ids(model, tokenizer)
-    examples = Path(__file__).parent.parent / "examples" / "docs.jsonl"
-    for line in examples.read_text().splitlines()[:2]:  # 936 and 1312 tokens
-        row = json.loads(line)
-        ids = tokenize(Record(0, 0, row["id"], messages=row["messages"]), tokenizer, 8000, "error")
-        ref = speculate_module.speculate(model, ids, ScoreConfig(impl="torch"), eos, DEVICE).importance
-        tri = speculate_module.speculate(model, ids, ScoreConfig(impl="triton"), eos, DEVICE).importance
-        assert_close(f"importance {row['id']}", ref, tri, atol=1e-7, rtol=2e-5)
-        for keep in (0.1, 0.3):
-            assert select_tokens(ref, SelectConfig(keep=keep)).tolist() == select_tokens(tri, SelectConfig(keep=keep)).tolist()
+
+@needs_triton
+def test_auto_does_not_hide_out_of_memory(score, spcli_warnings, monkeypatch):
+    def oom(*args, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(score, "importance_triton", oom)
+    queries, keys = make_inputs(1, 2, 1, 1, 5, 16, torch.float32)
+    with pytest.raises(torch.OutOfMemoryError):
+        score.token_importance(queries, keys, pool=3, impl="auto")
+    assert spcli_warnings == []

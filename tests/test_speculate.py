@@ -1,4 +1,6 @@
-"""Speculator pass and scoring against a brute-force reference from eager attention weights."""
+"""Speculator pass and scoring against a brute-force reference from eager attention weights.
+
+The tiny model has 3 layers; real SmolLM2-135M has 30 (tests/conftest.py)."""
 
 import torch
 import torch.nn.functional as F
@@ -7,9 +9,14 @@ from transformers import AutoModelForCausalLM
 from spcli.config import ScoreConfig
 from spcli.engine import capture
 from spcli.engine.load import first_layers, load_causal_lm
-from spcli.engine.speculate import speculate
+from spcli.engine.speculate import speculate, speculate_batch
 
 CPU = torch.device("cpu")
+
+
+def paper(lookahead: int, pool: int) -> ScoreConfig:
+    """The paper's rows: the last prompt token and the look-ahead, every layer."""
+    return ScoreConfig(lookahead=lookahead, window=0, score_layers="all", pool=pool)
 
 
 def brute_force(model_dir, ids, lookahead_ids, pool):
@@ -33,7 +40,7 @@ def test_importance_equals_eager_attention_brute_force(tiny_dir):
     model = load_causal_lm(tiny_dir, "float32", CPU).model
     ids = list(range(100, 160))
     for pool in (1, 5):
-        spec = speculate(model, ids, ScoreConfig(lookahead=3, pool=pool), eos_ids=set(), device=CPU)
+        spec = speculate(model, ids, paper(3, pool), eos_ids=set(), device=CPU)
         assert spec.num_query_rows == 1 + len(spec.lookahead_ids) == 4
         ref = brute_force(tiny_dir, ids, spec.lookahead_ids, pool)
         torch.testing.assert_close(spec.importance, ref, rtol=1e-4, atol=1e-6)
@@ -42,7 +49,7 @@ def test_importance_equals_eager_attention_brute_force(tiny_dir):
 def test_lookahead_zero_scores_last_prompt_token_only(tiny_dir):
     model = load_causal_lm(tiny_dir, "float32", CPU).model
     ids = list(range(200, 240))
-    spec = speculate(model, ids, ScoreConfig(lookahead=0, pool=1), eos_ids=set(), device=CPU)
+    spec = speculate(model, ids, paper(0, 1), eos_ids=set(), device=CPU)
     assert spec.num_query_rows == 1 and spec.lookahead_ids == []
     torch.testing.assert_close(spec.importance, brute_force(tiny_dir, ids, [], 1), rtol=1e-4, atol=1e-6)
 
@@ -50,9 +57,9 @@ def test_lookahead_zero_scores_last_prompt_token_only(tiny_dir):
 def test_steps_after_eos_are_dropped(tiny_dir):
     model = load_causal_lm(tiny_dir, "float32", CPU).model
     ids = list(range(300, 340))
-    free = speculate(model, ids, ScoreConfig(lookahead=4, pool=1), eos_ids=set(), device=CPU)
+    free = speculate(model, ids, paper(4, 1), eos_ids=set(), device=CPU)
     stop_at = free.lookahead_ids[2]  # pretend the third look-ahead token is EOS
-    cut = speculate(model, ids, ScoreConfig(lookahead=4, pool=1), eos_ids={stop_at}, device=CPU)
+    cut = speculate(model, ids, paper(4, 1), eos_ids={stop_at}, device=CPU)
     first_eos = free.lookahead_ids.index(stop_at)
     assert cut.lookahead_ids == free.lookahead_ids[:first_eos]
     assert cut.num_query_rows == 1 + first_eos
@@ -67,7 +74,7 @@ def test_self_k_shares_every_parameter(tiny_dir):
     assert base.config.num_hidden_layers == 3  # the base is untouched
     # The view really runs 2 layers: same as a model truncated by hand.
     ids = list(range(10, 50))
-    spec = speculate(view, ids, ScoreConfig(lookahead=2, pool=1), eos_ids=set(), device=CPU)
+    spec = speculate(view, ids, paper(2, 1), eos_ids=set(), device=CPU)
     assert spec.importance.shape == (40,)
 
 
@@ -83,3 +90,111 @@ def test_self_k_out_of_range_is_refused(tiny_dir):
 
 def test_capture_is_registered_under_its_own_name():
     assert capture.register() == "spcli"
+
+
+def brute_force_rows(model_dir, ids, lookahead_ids, pool, window, layers):
+    """Eager attention: the last `window` prompt rows (causal: each already normalised over the keys
+    up to its own position) and the look-ahead rows renormalised over the n prompt keys, at `layers`."""
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    n = len(ids)
+    full = torch.tensor([ids + lookahead_ids])
+    with torch.no_grad():
+        att = eager(full, attention_mask=torch.ones_like(full), output_attentions=True).attentions
+    positions = [*range(n - window, n), *range(n, n + len(lookahead_ids))]
+    per_row = []
+    for p in positions:
+        rows = torch.stack([att[layer][0, :, p, :n] for layer in layers])  # [L_s, H, n]
+        assert torch.all(rows[..., p + 1 :] == 0)  # causal: nothing after its own position
+        rows = rows / rows.sum(-1, keepdim=True)
+        if pool > 1:
+            rows = F.avg_pool1d(rows.reshape(-1, 1, n), pool, 1, pool // 2, count_include_pad=True).reshape(rows.shape)
+        per_row.append(rows.amax(dim=(0, 1)))
+    return torch.stack(per_row).mean(0)
+
+
+def test_window_rows_are_causal_and_match_eager_attention(tiny_dir):
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    ids = list(range(400, 463))  # n = 63
+    for window, layers, lookahead in ((17, "1", 0), (8, "0,2", 0), (5, "all", 2), (1, "-1", 0)):
+        cfg = ScoreConfig(lookahead=lookahead, window=window, score_layers=layers, pool=5)
+        spec = speculate(model, ids, cfg, eos_ids=set(), device=CPU)
+        assert spec.num_query_rows == window + len(spec.lookahead_ids)
+        ref = brute_force_rows(tiny_dir, ids, spec.lookahead_ids, 5, window, cfg.layers(3))
+        torch.testing.assert_close(spec.importance, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_score_layer_choice_changes_the_importance(tiny_dir):
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    ids = list(range(500, 560))
+    one = speculate(model, ids, ScoreConfig(lookahead=0, window=16, score_layers="0", pool=1), set(), CPU).importance
+    two = speculate(model, ids, ScoreConfig(lookahead=0, window=16, score_layers="2", pool=1), set(), CPU).importance
+    both = speculate(model, ids, ScoreConfig(lookahead=0, window=16, score_layers="0,2", pool=1), set(), CPU).importance
+    assert not torch.allclose(one, two)
+    assert torch.all(both >= torch.minimum(one, two) - 1e-7)  # a max over both layers per row, then a mean
+
+
+def count_calls(model):
+    calls = {"layers": [0] * len(model.model.layers), "norm": 0, "lm_head": 0}
+
+    def layer_hook(i):
+        def hook(*_):
+            calls["layers"][i] += 1
+        return hook
+
+    handles = [layer.register_forward_hook(layer_hook(i)) for i, layer in enumerate(model.model.layers)]
+    handles.append(model.model.norm.register_forward_hook(lambda *_: calls.__setitem__("norm", calls["norm"] + 1)))
+    handles.append(model.lm_head.register_forward_hook(lambda *_: calls.__setitem__("lm_head", calls["lm_head"] + 1)))
+    return calls, handles
+
+
+def test_early_exit_runs_only_the_layers_it_needs(tiny_dir):
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    ids = list(range(600, 650))
+    calls, handles = count_calls(model)
+    try:
+        speculate(model, ids, ScoreConfig(lookahead=0, window=8, score_layers="1", pool=1), set(), CPU)
+        assert calls == {"layers": [1, 1, 0], "norm": 0, "lm_head": 0}  # layers 0-1, no norm, no logits
+        speculate(model, ids, ScoreConfig(lookahead=2, window=8, score_layers="1", pool=1), set(), CPU)
+        assert calls["layers"] == [4, 4, 3] and calls["lm_head"] == 3  # look-ahead needs the whole model
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_batched_importance_equals_one_at_a_time(tiny_dir):
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    prompts = [list(range(700, 763)), list(range(800, 840)), list(range(900, 1000)), list(range(20, 29))]
+    for cfg in (ScoreConfig(lookahead=0, window=16, score_layers="1", pool=5),
+                ScoreConfig(lookahead=3, window=4, score_layers="all", pool=5),
+                paper(4, 13)):
+        together = speculate_batch(model, prompts, cfg, eos_ids=set(), device=CPU)
+        for p, spec in zip(prompts, together):
+            alone = speculate(model, p, cfg, eos_ids=set(), device=CPU)
+            assert spec.lookahead_ids == alone.lookahead_ids and spec.num_query_rows == alone.num_query_rows
+            torch.testing.assert_close(spec.importance, alone.importance, rtol=1e-5, atol=1e-7)
+
+
+def test_batched_lookahead_stops_each_prompt_at_its_own_eos(tiny_dir):
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    prompts = [list(range(300, 340)), list(range(1300, 1370))]
+    free = speculate_batch(model, prompts, paper(4, 1), eos_ids=set(), device=CPU)
+    stop = free[0].lookahead_ids[1]
+    cut = speculate_batch(model, prompts, paper(4, 1), eos_ids={stop}, device=CPU)
+    for f, c in zip(free, cut):
+        expected = f.lookahead_ids[: f.lookahead_ids.index(stop)] if stop in f.lookahead_ids else f.lookahead_ids
+        assert c.lookahead_ids == expected and c.num_query_rows == 1 + len(expected)
+
+
+def test_capture_keeps_copies_of_the_scored_rows_only(tiny_dir):
+    """No view pins a layer's whole [B, H, n, D] query: each kept row block owns its storage."""
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    cap = capture.QueryCapture([1], num_prompt_rows=8, keep_keys=True)
+    ids = torch.tensor([list(range(100, 300))])  # n = 200
+    from spcli.engine.load import decoder_prefix
+
+    with torch.inference_mode():
+        decoder_prefix(model, 2)(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, spcli_capture=cap)
+    [rows] = cap.rows[1]
+    assert rows.shape == (1, 4, 8, 16)  # [B, H, W, D] of the tiny model
+    assert rows.untyped_storage().nbytes() == rows.numel() * rows.element_size()
+    assert set(cap.keys) == {1} and cap.keys[1].shape == (1, 2, 200, 16)  # keys of the scored layer only

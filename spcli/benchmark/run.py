@@ -4,51 +4,31 @@ Per (length, keep), the best time over repetitions (full and spcli runs interlea
 on a shared machine, noise only adds time, so the minimum is the cleanest estimate of each cost):
 
     speedup = TTFT_full / TTFT_spcli                      (speculator, scoring and selection included)
-    limit   = 1 / (kept + speculator share + overhead)    kept = kept tokens / prompt tokens,
-              speculator share = (speculate + score) / TTFT_full, overhead = select / TTFT_full
+    limit   = 1 / (kept + speculator share)               kept = kept tokens / prompt tokens,
+              speculator share = (speculator + scoring + selection) / TTFT_full
     efficiency = speedup / limit                          (below 1: the pruned base prefill costs more
                                                            than `kept` x the full one)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
-from pathlib import Path
 
 import torch
 
-from spcli import models
 from spcli.benchmark import pair
 from spcli.benchmark.config import BenchConfig
 from spcli.benchmark.qps import CostModel, max_qps
-from spcli.benchmark.stages import BenchModels, Timing, make_prompts, run_full, run_spec
+from spcli.benchmark.stages import Timing, make_prompts, run_full, run_spec
 from spcli.engine import load
+from spcli.engine.load import ModelStack
+from spcli.profiles import resolve_score
 
 
-def _locate(name: str) -> Path:
-    if name in (pair.BASE_NAME, pair.SPECULATOR_NAME):
-        return pair.ensure_pair()[name]
-    return models.locate(name)
-
-
-def load_models(cfg: BenchConfig):
-    device = load.pick_device(cfg.device)
-    dtype = cfg.dtype or models.default_dtype(cfg.model)
-    path = _locate(cfg.model)
-    base = load.load_causal_lm(path, dtype, device).model
-    tokenizer = load.load_tokenizer(path)
-    eos_ids = load.eos_token_ids(base, tokenizer)
-    name = cfg.speculator or (pair.SPECULATOR_NAME if cfg.model == pair.BASE_NAME else models.default_speculator(cfg.model))
-    k = load.parse_self(name)
-    if k is not None:
-        speculator = load.first_layers(base, k)
-    else:
-        spec_path = _locate(name)
-        load.check_same_vocabulary(tokenizer, load.load_tokenizer(spec_path), cfg.model, name)
-        speculator = load.load_causal_lm(spec_path, dtype, device).model
-    pad = tokenizer.pad_token_id
-    return BenchModels(base, speculator, eos_ids, int(pad if pad is not None else min(eos_ids, default=0)), device), tokenizer, name, dtype
+def load_models(cfg: BenchConfig) -> ModelStack:
+    return load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device)
 
 
 def summarize(cfg: BenchConfig, length: int, keep: float, full: list[Timing], spec: list[Timing], extra: dict) -> dict:
@@ -56,18 +36,17 @@ def summarize(cfg: BenchConfig, length: int, keep: float, full: list[Timing], sp
     batch = cfg.batch
     kept = spec[0].num_kept / (batch * length)
     ttft_full, ttft_spec = min(t.ttft_s for t in full), min(t.ttft_s for t in spec)
-    spec_share = min(t.speculate_s + t.score_s for t in spec) / ttft_full
-    overhead = min(t.select_s for t in spec) / ttft_full
-    speedup, limit = ttft_full / ttft_spec, 1.0 / (kept + spec_share + overhead)
+    spec_share = min(t.speculate_s for t in spec) / ttft_full
+    speedup, limit = ttft_full / ttft_spec, 1.0 / (kept + spec_share)
     limit_s = cfg.ttft_limit_s or 2.0 * ttft_full
-    per_prompt = min((t.speculate_s + t.score_s + t.select_s) / batch for t in spec)
+    per_prompt = min(t.speculate_s / batch for t in spec)
     qps_full = max_qps(CostModel(0.0, min(t.prefill_s for t in full) / batch), limit_s, batch)
     qps_spec = max_qps(CostModel(per_prompt, min(t.prefill_s for t in spec) / batch), limit_s, batch)
-    stages = {k: min(getattr(t, k) for t in spec) for k in ("speculate_s", "score_s", "select_s", "prefill_s")}
+    stages = {k: min(getattr(t, k) for t in spec) for k in ("speculate_s", "prefill_s")}
     return {
         **extra, "keep": keep, "length": length, "batch": batch, "kept_fraction": kept,
         "ttft_full_s": ttft_full, "ttft_spec_s": ttft_spec, "speedup": speedup, "limit": limit,
-        "efficiency": speedup / limit, "speculator_share": spec_share, "overhead_share": overhead,
+        "efficiency": speedup / limit, "speculator_share": spec_share,
         "stages": stages, "stage_share_of_ttft": {k: v / ttft_spec for k, v in stages.items()},
         "throughput_full": batch / min(t.e2e_s for t in full), "throughput_spec": batch / min(t.e2e_s for t in spec),
         "max_tokens": cfg.max_tokens, "ttft_limit_s": limit_s,
@@ -80,13 +59,29 @@ def summarize(cfg: BenchConfig, length: int, keep: float, full: list[Timing], sp
     }
 
 
+def check_lengths(cfg: BenchConfig) -> None:
+    """Every --lengths prompt plus its --max-tokens fits the model's context; checked before anything loads."""
+    from spcli import models
+    from spcli.errors import ConfigError
+
+    config = load.read_config(models.locate(cfg.model))
+    limit = int(getattr(config, "max_position_embeddings", None) or 1 << 30)
+    too_long = [n for n in cfg.lengths if n + cfg.max_tokens > limit]
+    if too_long:
+        raise ConfigError(f"--lengths {too_long[0]}: with --max-tokens {cfg.max_tokens} it does not fit {cfg.model}'s "
+                          f"context of {limit} tokens; use lengths up to {limit - cfg.max_tokens}")
+
+
 def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
-    m, tokenizer, spec_name, dtype = load_models(cfg)
+    check_lengths(cfg)
+    m = load_models(cfg)
+    tokenizer, spec_name, dtype = m.tokenizer, m.speculator_name, m.dtype
+    score = resolve_score(cfg.score, cfg.model, m.path, spec_name)
     torch.manual_seed(cfg.seed)
     results = []
     for length in cfg.lengths:
         prompts = make_prompts(tokenizer, length, cfg.batch, cfg.seed)
-        extra = {"model": cfg.model, "speculator": spec_name, "dtype": dtype, "device": str(m.device),
+        extra = {"model": cfg.model, "speculator": spec_name, "score": dataclasses.asdict(score), "dtype": dtype, "device": str(m.device),
                  "threads": torch.get_num_threads()}
         if cfg.model == pair.BASE_NAME and spec_name == pair.SPECULATOR_NAME:
             extra["flop_ratio_pair"], extra["flop_ratio_8b_405b"] = pair.pair_ratio(length)
@@ -94,7 +89,7 @@ def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
         spec: dict[float, list[Timing]] = {k: [] for k in cfg.keeps}
         for rep in range(cfg.warmup + cfg.repeats):
             f = run_full(m, prompts, cfg.max_tokens)
-            s = {k: run_spec(m, prompts, k, cfg.select, cfg.score, cfg.max_tokens) for k in cfg.keeps}
+            s = {k: run_spec(m, prompts, k, cfg.select, score, cfg.max_tokens) for k in cfg.keeps}
             if rep >= cfg.warmup:
                 full.append(f)
                 for k in cfg.keeps:
@@ -114,7 +109,7 @@ def text_table(results: list[dict]) -> str:
         sh = r["stage_share_of_ttft"]
         rows.append([str(r["length"]), str(r["batch"]), f"{r['keep']:.2f}", f"{100 * r['kept_fraction']:.1f}",
                      f"{r['ttft_full_s']:.3f}", f"{r['ttft_spec_s']:.3f}", f"{r['speedup']:.2f}x", f"{r['limit']:.2f}x",
-                     f"{100 * r['efficiency']:.0f}", f"{100 * (sh['speculate_s'] + sh['score_s']):.0f}",
+                     f"{100 * r['efficiency']:.0f}", f"{100 * sh['speculate_s']:.0f}",
                      f"{100 * sh['prefill_s']:.0f}", f"{r['throughput_full']:.2f}", f"{r['throughput_spec']:.2f}",
                      f"{r['max_qps_full']:.2f}", f"{r['max_qps_spec']:.2f}"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

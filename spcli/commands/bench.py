@@ -7,8 +7,19 @@ from typing import Annotated, Optional
 import typer
 
 
+def _help() -> str:
+    from spcli.benchmark.report import COLUMN_HELP, MAX_SPREAD
+
+    columns = "\n\n".join(f"{name}: {text}." for name, text in COLUMN_HELP)
+    return ("Measure full-prefill TTFT vs spcli TTFT on the same prompts in one run; ratios, limits, throughput, QPS.\n\n"
+            "--warmup untimed repetitions run first (model load, allocator and kernel warm-up), so the first timed "
+            "run is comparable. A warning says when the ratio is unreliable: a single timed repetition, or "
+            f"per-repetition speedups spread over {100 * MAX_SPREAD:.0f}%. --lengths is checked against the model's "
+            "context before anything runs.\n\nColumns:\n\n" + columns)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command(name="bench")
+    @app.command(name="bench", help=_help())
     def _cmd(
         model: Annotated[str, typer.Option(help="Base model; random-405b = random weights with the 8B/405B cost ratio.")] = "smollm2-135m",
         speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self:K. Default: the model's (random-8b for random-405b).")] = None,
@@ -20,7 +31,9 @@ def register(app: typer.Typer) -> None:
         max_tokens: Annotated[int, typer.Option(help="Decoded tokens per prompt for end-to-end throughput.")] = 16,
         ttft_limit: Annotated[Optional[float], typer.Option(help="TTFT limit in s for max QPS. Default: 2 x full-prefill TTFT.")] = None,
         seed: Annotated[int, typer.Option(help="Which text windows become the prompts.")] = 0,
-        lookahead: Annotated[int, typer.Option(help="Speculator look-ahead tokens.")] = 8,
+        lookahead: Annotated[Optional[int], typer.Option(help="Speculator look-ahead tokens. Default: the model's.")] = None,
+        window: Annotated[Optional[int], typer.Option(help="Last W prompt tokens' queries score (causal); 0 = the last only. Default: the model's.")] = None,
+        score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score: all, I, I-J, I,J,... Default: the model's.")] = None,
         pool: Annotated[int, typer.Option(help="Average-pool kernel over token scores (odd).")] = 13,
         chunk: Annotated[int, typer.Option(help="Tokens per selection chunk.")] = 32,
         keep_first: Annotated[int, typer.Option(help="First tokens always kept.")] = 4,
@@ -31,9 +44,8 @@ def register(app: typer.Typer) -> None:
         json: Annotated[bool, typer.Option("--json", help="Print one JSON object per configuration instead of a table.")] = False,
         out: Annotated[Optional[str], typer.Option(help="Also write bench.json and bench_speedup.png into this directory.")] = None,
     ) -> None:
-        """Measure full-prefill TTFT vs spcli TTFT on the same prompts in one run; ratios, limits, throughput, QPS."""
         from spcli.benchmark.config import BenchConfig
-        from spcli.benchmark.report import write_outputs
+        from spcli.benchmark.report import reliability_warnings, write_outputs
         from spcli.benchmark.run import json_lines, run_bench, text_table
         from spcli.config import ScoreConfig, SelectConfig
         from spcli.evaluate.config import split_list
@@ -43,9 +55,11 @@ def register(app: typer.Typer) -> None:
             lengths=split_list(lengths, int, "--lengths"), batch=batch, repeats=repeats, warmup=warmup,
             max_tokens=max_tokens, ttft_limit_s=ttft_limit, seed=seed, dtype=dtype, device=device, json=json,
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=0),
-            score=ScoreConfig(lookahead=lookahead, pool=pool, impl=score_impl),
+            score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, impl=score_impl),
         )
         results = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))
         typer.echo(json_lines(results) if cfg.json else text_table(results))
+        for warning in reliability_warnings(results):
+            typer.echo(f"warning: {warning}", err=True)
         if out:
             write_outputs(out, cfg, results)

@@ -1,12 +1,14 @@
-"""Capture post-RoPE queries without forking transformers.
+"""Capture post-RoPE queries (and keys) without forking transformers.
 
 transformers hands an attention function registered in `AttentionInterface` the query
-[B, H, T, D] after RoPE and the keys after the cache update. We register one function, "spcli",
-that records the last query row of each layer when a `QueryCapture` is passed through the
-model's forward kwargs (`spcli_capture=`), and otherwise only delegates to sdpa.
+[B, H, T, D] after RoPE and the keys [B, KVH, T_keys, D] after the cache update. We register one
+function, "spcli", that records them at the scored layers when a `QueryCapture` is passed through
+the model's forward kwargs (`spcli_capture=`), and otherwise only delegates to sdpa.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 from transformers import AttentionInterface
@@ -17,27 +19,32 @@ ATTN_IMPLEMENTATION = "spcli"
 
 
 class QueryCapture:
-    """Per layer, the query rows of the last position of each forward call (batch of one)."""
+    """Per scored layer, the query rows that score, as copies (a view would pin the layer's whole
+    [B, H, T, D] query), and with `keep_keys` the keys of the last call (early exit: no cache)."""
 
-    def __init__(self, num_layers: int):
-        self.rows: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]  # L x S x [H, D]
+    def __init__(self, layers: Iterable[int], num_prompt_rows: int, keep_keys: bool = False):
+        self.layers = sorted(set(layers))
+        self.num_prompt_rows = num_prompt_rows
+        self.keep_keys = keep_keys
+        self.rows: dict[int, list[torch.Tensor]] = {layer: [] for layer in self.layers}  # per call [B, H, t, D]
+        self.keys: dict[int, torch.Tensor] = {}  # [B, KVH, T, D] post-RoPE
 
-    def record(self, layer_idx: int, query: torch.Tensor) -> None:
-        assert query.shape[0] == 1, "the speculator runs one prompt at a time"
-        self.rows[layer_idx].append(query[0, :, -1, :])  # [H, D]
+    def record(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> None:
+        if layer_idx not in self.rows:
+            return
+        t = min(self.num_prompt_rows, query.shape[2])  # the prefill's last rows; a decode step's one row
+        self.rows[layer_idx].append(query[:, :, -t:, :].clone())
+        if self.keep_keys:
+            self.keys[layer_idx] = key
 
     def queries(self) -> torch.Tensor:
-        """[L, H, S, D] in capture order (row 0: the last prompt token)."""
-        return torch.stack([torch.stack(layer, dim=1) for layer in self.rows])
-
-    def drop_last(self) -> None:
-        for layer in self.rows:
-            layer.pop()
+        """[L_scored, B, H, S, D]: per scored layer, the prompt rows then one row per decode step."""
+        return torch.stack([torch.cat(self.rows[layer], dim=2) for layer in self.layers])
 
 
 def _attention(module, query, key, value, attention_mask, spcli_capture: QueryCapture | None = None, **kwargs):
     if spcli_capture is not None:
-        spcli_capture.record(module.layer_idx, query)
+        spcli_capture.record(module.layer_idx, query, key)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 

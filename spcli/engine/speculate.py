@@ -1,8 +1,17 @@
-"""Speculator pass: prefill the whole prompt, look ahead greedily, score every prompt token.
+"""Speculator pass: score every prompt token from the speculator's attention (DESIGN.md steps 1-6).
 
-DESIGN.md steps 1-5. The speculator runs one prompt at a time, so every prompt gets its own query
-rows (the canonical code's batched-query bug cannot happen) and its scores do not depend on
-which other prompts share its batch.
+A batch of B prompts is left-padded to its longest length T, so every prompt ends at column T - 1:
+
+    input_ids      [B, T]  pad on the left
+    attention_mask [B, T]  0 on padding
+    position_ids   [B, T]  0 .. n_b - 1 on prompt b's tokens (the one-at-a-time positions)
+
+Query rows, at every scored layer: the last `window` prompt tokens (at least the last one), each
+row limited to keys at or before its own position, then one row per look-ahead token (all n
+keys). Without look-ahead the speculator stops after the last scored layer (early exit: no later
+layer, no final norm, no LM head) and holds keys of the scored layers only; with look-ahead the
+prompts decode their greedy look-ahead together and the keys are read from the cache afterwards.
+A prompt's importance does not depend on the other prompts of its batch.
 """
 
 from __future__ import annotations
@@ -16,50 +25,101 @@ from transformers import DynamicCache
 
 from spcli.config import ScoreConfig
 from spcli.engine.capture import QueryCapture
+from spcli.engine.load import decoder_prefix
 from spcli.kernels.score import token_importance
 
 
 @dataclass
 class Speculation:
     importance: torch.Tensor  # [n] float32, on CPU
-    num_query_rows: int  # 1 + look-ahead steps actually scored (EOS ends the look-ahead)
+    num_query_rows: int  # prompt rows + look-ahead steps actually scored (EOS ends the look-ahead)
     lookahead_ids: list[int]  # the greedy look-ahead tokens
-    speculate_s: float  # prefill + look-ahead
-    score_s: float  # scoring kernel
+    speculate_s: float  # this prompt's share of the batch's forward passes + its scoring
+
+
+@dataclass
+class Padded:
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    position_ids: torch.Tensor  # [B, T]
+    pads: list[int]  # padding before prompt b
+
+
+def left_pad(prompts: list[list[int]], device: torch.device) -> Padded:
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    pads = [width - len(p) for p in prompts]
+    for b, (p, pad) in enumerate(zip(prompts, pads)):
+        ids[b, pad:] = torch.tensor(p)
+        ids[b, :pad] = p[0]  # any real id: masked out
+        mask[b, pad:] = 1
+    positions = (torch.arange(width).expand(len(prompts), width) - torch.tensor(pads)[:, None]).clamp(min=0)
+    return Padded(ids.to(device), mask.to(device), positions.to(device), pads)
 
 
 @torch.inference_mode()
-def speculate(
-    model: nn.Module, input_ids: list[int], cfg: ScoreConfig, eos_ids: set[int], device: torch.device
-) -> Speculation:
+def speculate_batch(
+    model: nn.Module, prompts: list[list[int]], cfg: ScoreConfig, eos_ids: set[int], device: torch.device
+) -> list[Speculation]:
+    """One Speculation per prompt. `model`: the speculator, a *ForCausalLM; `cfg` resolved."""
+    assert cfg.is_resolved, "resolve the score configuration first (spcli.profiles.resolve_score)"
     t0 = time.perf_counter()
-    n = len(input_ids)
-    num_layers = model.config.num_hidden_layers
-    cap = QueryCapture(num_layers)
-    cache = DynamicCache(config=model.config)
-    ids = torch.tensor([input_ids], device=device)  # [1, n]
-    out = model(
-        input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
-        use_cache=True, logits_to_keep=1, spcli_capture=cap,
-    )
-    keys = [layer.keys[0, :, :n, :] for layer in cache.layers]  # L x [KVH, n, D], post-RoPE views
-    lookahead: list[int] = []
-    next_id = int(out.logits[0, -1].argmax())
-    for step in range(cfg.lookahead):
-        if next_id in eos_ids:
-            break  # the EOS token's query and everything after it are not scored
-        lookahead.append(next_id)
-        out = model(
-            input_ids=torch.tensor([[next_id]], device=device),
-            attention_mask=torch.ones(1, n + step + 1, dtype=torch.long, device=device),
-            position_ids=torch.tensor([[n + step]], device=device),
-            past_key_values=cache, use_cache=True, logits_to_keep=1, spcli_capture=cap,
-        )
-        next_id = int(out.logits[0, -1].argmax())
-    t1 = time.perf_counter()
-    queries = cap.queries()  # [L, H, S, D]
-    importance = token_importance(queries, keys, pool=cfg.pool, impl=cfg.impl)
-    if importance.is_cuda:
-        torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return Speculation(importance.float().cpu(), queries.shape[2], lookahead, t1 - t0, t2 - t1)
+    layers = cfg.layers(getattr(model, "spcli_num_layers", model.config.num_hidden_layers))  # load_prefix sets it
+    batch = left_pad(prompts, device)
+    width = batch.input_ids.shape[1]
+    early_exit = cfg.lookahead == 0
+    cap = QueryCapture(layers, cfg.num_prompt_rows, keep_keys=early_exit)
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                  spcli_capture=cap)
+    num_steps = [0] * len(prompts)  # look-ahead rows of each prompt
+    lookahead: list[list[int]] = [[] for _ in prompts]
+    if early_exit:
+        decoder_prefix(model, layers[-1] + 1)(**inputs, use_cache=False)
+        keys = [cap.keys[layer] for layer in layers]  # L_s x [B, KVH, T, D]
+    else:
+        cache = DynamicCache(config=model.config)
+        out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        mask = batch.attention_mask
+        next_pos = torch.tensor(list(map(len, prompts)), device=device)  # [B]
+        alive = [True] * len(prompts)
+        for step in range(cfg.lookahead):
+            next_ids = out.logits[:, -1].argmax(dim=-1)  # [B]
+            for b, tok in enumerate(next_ids.tolist()):
+                alive[b] = alive[b] and tok not in eos_ids  # an EOS token's query and all after it are not scored
+                if alive[b]:
+                    lookahead[b].append(tok)
+                    num_steps[b] += 1
+            if not any(alive):
+                break
+            mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
+            out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=(next_pos + step)[:, None],
+                        past_key_values=cache, use_cache=True, logits_to_keep=1, spcli_capture=cap)
+        keys = [cache.layers[layer].keys for layer in layers]  # after the look-ahead: the cache re-allocates
+    queries = cap.queries()  # [L_s, B, H, S, D]
+    forward_s = time.perf_counter() - t0
+    total = sum(map(len, prompts))
+    out_specs = []
+    for b, prompt in enumerate(prompts):
+        s0 = time.perf_counter()
+        n, pad = len(prompt), batch.pads[b]
+        captured = min(cfg.num_prompt_rows, width)  # prefill rows captured for the whole batch
+        rows = min(cfg.num_prompt_rows, n)  # prompt b's own: the last columns, which are never padding
+        q = queries[:, b, :, captured - rows : captured + num_steps[b]].contiguous()  # [L_s, H, S_b, D]
+        limits = None
+        if rows > 1:
+            limits = torch.tensor([*range(n - rows + 1, n + 1), *[n] * num_steps[b]], device=q.device)  # [S_b]
+        importance = token_importance(q, [k[b, :, pad:width] for k in keys], pool=cfg.pool, impl=cfg.impl,
+                                      row_limits=limits)
+        if importance.is_cuda:
+            torch.cuda.synchronize()
+        share = forward_s * n / total
+        out_specs.append(Speculation(importance.float().cpu(), q.shape[2], lookahead[b],
+                                     share + time.perf_counter() - s0))
+    return out_specs
+
+
+def speculate(model: nn.Module, input_ids: list[int], cfg: ScoreConfig, eos_ids: set[int],
+              device: torch.device) -> Speculation:
+    """One prompt alone (a batch of one)."""
+    return speculate_batch(model, [input_ids], cfg, eos_ids, device)[0]

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from spcli import models
-from spcli.config import RunConfig
+from spcli.config import RunConfig, ScoreConfig
 from spcli.errors import ConfigError
 
 GiB = 1 << 30
@@ -38,7 +39,9 @@ class SpeculatorShape:
     intermediate_size: int
 
     @classmethod
-    def from_folder(cls, folder: Path) -> SpeculatorShape:
+    def from_folder(cls, folder: Path, num_layers: int | None = None) -> SpeculatorShape:
+        """num_layers: only the first layers are loaded (`self:K` on vLLM): their tensors, plus the
+        embeddings, final norm and LM head, are what the speculator holds."""
         files = sorted(Path(folder).glob("*.safetensors"))
         if not files:
             raise ConfigError(
@@ -48,43 +51,65 @@ class SpeculatorShape:
         c = json.loads((Path(folder) / "config.json").read_text())
         c = c.get("text_config", c)
         heads = c["num_attention_heads"]
+        layers = c["num_hidden_layers"] if num_layers is None else num_layers
         return cls(
-            num_params=sum(safetensors_numel(f) for f in files), num_layers=c["num_hidden_layers"],
+            num_params=sum(safetensors_numel(f, layers) for f in files), num_layers=layers,
             num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
             head_dim=c.get("head_dim") or c["hidden_size"] // heads, hidden_size=c["hidden_size"],
             intermediate_size=c["intermediate_size"],
         )
 
 
-def safetensors_numel(path: Path) -> int:
-    """Elements stored in one safetensors file, from its JSON header (8-byte length + JSON)."""
+def safetensors_numel(path: Path, num_layers: int | None = None) -> int:
+    """Elements stored in one safetensors file, from its JSON header (8-byte length + JSON); with
+    num_layers, only those of decoder layers below it (and every tensor outside the layers)."""
     with open(path, "rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(size))
-    return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    return sum(math.prod(t["shape"]) for k, t in header.items()
+               if k != "__metadata__" and (num_layers is None or _layer_of(k) is None or _layer_of(k) < num_layers))
 
 
-def speculator_reserve_bytes(shape: SpeculatorShape, num_tokens: int, lookahead: int, dtype_bytes: int) -> int:
-    """GPU bytes the speculator needs for one prompt of up to `num_tokens` tokens.
+def _layer_of(name: str) -> int | None:
+    m = re.search(r"\.layers\.(\d+)\.", name)
+    return int(m[1]) if m else None
 
-        W    = P * b                            weights (P parameters, b bytes per element)
-        KV   = 2 * L * KVH * D * (N + A) * b    its DynamicCache: keys and values of N prompt + A look-ahead tokens
-        ACT  = N * (3 * I + 4 * h) * b          one decoder layer's peak: 3 MLP intermediates, 4 hidden-size tensors
-        MASK = N * N                            a materialised boolean causal mask (the worst case; sdpa may skip it)
-        SC   = 2 * H * (A + 1) * N * 4          scoring: one layer's softmax and its pooled copy, fp32
-        C    = 1 GiB                            this process's CUDA context and allocator slack
-        reserve = W + KV + ACT + MASK + SC + C
 
-    The speculator reads one prompt at a time, so N is the longest prompt: VllmEngine takes
-    min(max_model_len, the base's max_position_embeddings), the longest request plain vLLM would take.
-    Llama-3.1-8B in bf16 at N = 32768, A = 8: 16.1 + 4.3 + 3.9 + 1.1 + 0.1 + 1.1 = 26.5 GB.
+def speculator_reserve_bytes(shape: SpeculatorShape, num_tokens: int, score: ScoreConfig, dtype_bytes: int) -> int:
+    """GPU bytes the speculator holds for prompts of up to `num_tokens` tokens (`score` resolved).
+
+    With T = max(N, SPECULATOR_BATCH_TOKENS) tokens in one batched pass (prompts of similar length
+    share one), L layers, S scored layers, R = W + A query rows (W window rows, A look-ahead):
+
+        W    = P * b                                  weights (P parameters of the layers loaded)
+        KV   = 2 * L * KVH * D * (T + A) * b          look-ahead: the DynamicCache, keys and values of all layers
+             = (S + 2) * KVH * D * T * b              early exit (A = 0): keys of the scored layers, one layer's k, v
+        Q    = S * H * R * D * b                      the scored query rows (copies: no layer's whole query is pinned)
+        ACT  = T * (3 * I + 4 * h) * b                one decoder layer's peak: 3 MLP intermediates, 4 hidden-size tensors
+        MASK = N * T                                  the boolean attention mask of one batch (at most T tokens)
+        SC   = 2 * H * R * N * 4                      scoring: one layer's softmax and its pooled copy, fp32
+        C    = 1 GiB                                  this process's CUDA context and allocator slack
+        reserve = W + KV + Q + ACT + MASK + SC + C
+
+    Llama-3.1-8B in bf16 at N = 32768 with the paper's recipe (A = 8, every layer, R = 9):
+    16.1 + 4.3 + 0.0 + 3.9 + 1.1 + 0.1 + 1.1 = 26.5 GB.
     """
-    n, a, b = num_tokens, lookahead, dtype_bytes
+    from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS
+
+    n, b = num_tokens, dtype_bytes
+    t = max(n, SPECULATOR_BATCH_TOKENS)
+    a = score.lookahead or 0
+    rows = score.num_prompt_rows + a
+    scored = len(score.layers(shape.num_layers))
     weights = shape.num_params * b
-    kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * (n + a) * b
-    act = n * (3 * shape.intermediate_size + 4 * shape.hidden_size) * b
-    scoring = 2 * shape.num_heads * (a + 1) * n * 4
-    return weights + kv + act + n * n + scoring + CONTEXT_BYTES
+    if a:
+        kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * (t + a) * b
+    else:
+        kv = (scored + 2) * shape.num_kv_heads * shape.head_dim * t * b
+    queries = scored * shape.num_heads * rows * shape.head_dim * b
+    act = t * (3 * shape.intermediate_size + 4 * shape.hidden_size) * b
+    scoring = 2 * shape.num_heads * rows * n * 4
+    return weights + kv + queries + act + n * t + scoring + CONTEXT_BYTES
 
 
 def gpu_memory_utilization(total_bytes: int, reserve_bytes: int) -> float:
@@ -111,7 +136,7 @@ def read_model_config(path: Path) -> dict:
 
 
 def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool) -> dict:
-    """VllmBaseConfig fields for the base model: the preset's, overridden by --tp, --max-model-len,
+    """VllmRunnerConfig fields for the base model: the preset's, overridden by --tp, --max-model-len,
     --gpu-memory-utilization and --max-num-batched-tokens.
 
     Quantization: a checkpoint that declares its own (config.json `quantization_config`, e.g. the

@@ -4,7 +4,9 @@ Every selector only builds an importance vector [n]; `spcli.engine.select.select
 the same budget ceil(keep * n), forced tokens and chunking to all of them, so they differ in what
 they rank and in nothing else.
 
-    specprefill       speculator attention of the last prompt token and the look-ahead (the paper)
+    specprefill       speculator attention of the configured query rows (window / look-ahead, scored layers)
+    specprefill-paper the same speculator with the paper's recipe (look-ahead 8, every layer, the last
+                      prompt token): the old default, to compare a new configuration against, paired
     random            one seeded random score per chunk: random chunks
     recency           position: the last tokens only (keep_first forced to 0; no sink)
     sink-recency      position, with the first keep_first tokens forced: StreamingLLM's sink + window
@@ -22,13 +24,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from spcli.config import ScoreConfig, SelectConfig
+from spcli.config import PAPER_SCORE, ScoreConfig, SelectConfig
 from spcli.engine.select import is_pruned, select_tokens
 from spcli.engine.speculate import speculate
 from spcli.errors import ConfigError
 
-SELECTORS = ("specprefill", "random", "recency", "sink-recency", "self-information")
-USES_SPECULATOR = frozenset({"specprefill", "self-information"})
+SELECTORS = ("specprefill", "specprefill-paper", "random", "recency", "sink-recency", "self-information")
+USES_SPECULATOR = frozenset({"specprefill", "specprefill-paper", "self-information"})
 SURPRISAL_ROWS = 256  # LM-head rows per step: [256, V] logits at a time, never [n, V]
 
 
@@ -38,9 +40,10 @@ class Signals:
 
     importance: torch.Tensor  # [n] float32, SpecPrefill token importance
     surprisal: torch.Tensor  # [n] float32, -log p(x_i | x_<i) under the speculator; 0 for token 0
-    speculate_s: float  # speculator prefill + look-ahead
-    score_s: float  # attention scoring
-    surprisal_s: float  # LM head over every prompt position + log-softmax
+    speculate_s: float  # speculator forward + scoring (as spcli run counts it)
+    surprisal_s: float  # LM head over every prompt position + log-softmax (+ the full forward after an early exit)
+    paper_importance: torch.Tensor | None = None  # [n] float32 with the paper's recipe, when asked
+    paper_s: float = 0.0  # its speculator pass + scoring
 
 
 def check_selectors(names: tuple[str, ...]) -> None:
@@ -51,33 +54,45 @@ def check_selectors(names: tuple[str, ...]) -> None:
 
 @torch.inference_mode()
 def speculator_signals(
-    model: nn.Module, input_ids: list[int], cfg: ScoreConfig, eos_ids: set[int], device: torch.device
+    model: nn.Module, input_ids: list[int], cfg: ScoreConfig, eos_ids: set[int], device: torch.device,
+    with_surprisal: bool = True, with_paper: bool = False,
 ) -> Signals:
     """One speculator pass (spcli's own `speculate`) that also yields per-token surprisal.
 
-    The final hidden states [1, n, hidden] of the prefill call are caught by a forward hook on the
-    decoder stack, so self-information costs an LM-head pass, not a second prefill.
+    With look-ahead, the final hidden states [1, n, hidden] of the prefill call are caught by a
+    forward hook on the decoder stack, so self-information costs an LM-head pass, not a second
+    prefill. After an early exit (no look-ahead) there are none: a full forward computes them.
+    Without `with_surprisal` (no self-information selector) surprisal is all zeros and costs nothing.
     """
+    paper = speculate(model, input_ids, dataclasses.replace(cfg, **PAPER_SCORE), eos_ids, device) if with_paper else None
+    extra = (paper.importance, paper.speculate_s) if paper else (None, 0.0)
+    if not with_surprisal:
+        spec = speculate(model, input_ids, cfg, eos_ids, device)
+        return Signals(spec.importance, torch.zeros(len(input_ids)), spec.speculate_s, 0.0, *extra)
     hidden: list[torch.Tensor] = []
 
     def keep_prefill(_module, _args, output):
         if not hidden:
             hidden.append(output.last_hidden_state[0])  # [n, hidden]
 
-    handle = model.model.register_forward_hook(keep_prefill)
+    is_early_exit = cfg.lookahead == 0
+    handle = None if is_early_exit else model.model.register_forward_hook(keep_prefill)
     try:
         spec = speculate(model, input_ids, cfg, eos_ids, device)
     finally:
-        handle.remove()  # module copies made by first_layers share the hook dict with the base model
+        if handle is not None:
+            handle.remove()  # module copies made by first_layers share the hook dict with the base model
     t0 = time.perf_counter()
     ids = torch.tensor(input_ids, device=device)  # [n]
+    if is_early_exit:
+        hidden.append(model.model(input_ids=ids[None]).last_hidden_state[0])
     surprisal = torch.zeros(len(input_ids), dtype=torch.float32)  # [n]
     for start in range(0, len(input_ids) - 1, SURPRISAL_ROWS):
         end = min(len(input_ids) - 1, start + SURPRISAL_ROWS)
         logits = model.lm_head(hidden[0][start:end]).float()  # [rows, V]: predicts tokens start+1 .. end
         logp = torch.log_softmax(logits, dim=-1)
         surprisal[start + 1 : end + 1] = -logp.gather(1, ids[start + 1 : end + 1, None])[:, 0].cpu()
-    return Signals(spec.importance, surprisal, spec.speculate_s, spec.score_s, time.perf_counter() - t0)
+    return Signals(spec.importance, surprisal, spec.speculate_s, time.perf_counter() - t0, *extra)
 
 
 def random_seed(seed: int, example_id: str) -> int:
@@ -89,6 +104,9 @@ def importance_for(selector: str, n: int, signals: Signals | None, cfg: SelectCo
     """[n] float32 importance that makes select_tokens implement `selector`."""
     if selector in USES_SPECULATOR:
         assert signals is not None, f"{selector} needs the speculator pass"
+        if selector == "specprefill-paper":
+            assert signals.paper_importance is not None, "speculator_signals(with_paper=True)"
+            return signals.paper_importance
         return signals.importance if selector == "specprefill" else signals.surprisal
     if selector == "random":
         num_chunks = math.ceil(n / cfg.chunk)
@@ -104,7 +122,7 @@ def config_for(selector: str, cfg: SelectConfig) -> SelectConfig:
     return dataclasses.replace(cfg, keep_first=0) if selector == "recency" else cfg
 
 
-def select(selector: str, n: int, signals: Signals | None, cfg: SelectConfig, keep: float, seed: int) -> torch.Tensor:
+def select(selector: str, n: int, signals: Signals | None, cfg: SelectConfig, keep: float | str, seed: int) -> torch.Tensor:
     """Kept indices [m] int64, ascending, for one prompt of n tokens (all of them when it is not pruned)."""
     cfg = config_for(selector, cfg)
     if not is_pruned(n, cfg, keep):

@@ -1,0 +1,50 @@
+"""`spcli calibrate` configuration: a frozen dataclass validated on construction (flags map one-to-one)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from spcli.config import DTYPES, SelectConfig, _check
+from spcli.evaluate.tasks import TASKS
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    out: str = "out/calibrate"
+    model: str = "smollm2-135m"
+    speculator: str | None = None  # None = the model's default speculator; layers are the speculator's
+    tasks: tuple[str, ...] = ("niah", "niah-multi", "multidoc-qa")  # built-in, seeded; recall needs their needles
+    lengths: tuple[int, ...] = (2048, 4096)  # target prompt tokens
+    samples: int = 8  # examples per task and length
+    keeps: tuple[float, ...] = (0.1, 0.2)  # the target must hold at every one
+    windows: tuple[int, ...] = (16, 32, 64)  # observation windows W (last W prompt queries, causal)
+    target: float = 0.95  # mean fact-token recall each task must reach at each keep
+    pool: int = 13
+    paper: bool = True  # also score the paper's recipe (every layer, look-ahead 8) for reference
+    write_profile: bool = False  # store the choice where `spcli run` picks it up
+    dtype: str | None = None
+    device: str = "auto"
+    seed: int = 0
+    select: SelectConfig = field(default_factory=lambda: SelectConfig(keep=1.0))  # keep is per sweep: `keeps`
+
+    def __post_init__(self) -> None:
+        _check(bool(self.tasks), "--tasks needs at least one built-in task")
+        for t in self.tasks:
+            _check(t in TASKS, f"unknown task {t!r}: use one of {', '.join(TASKS)}")
+        _check(bool(self.lengths) and all(256 <= n <= 32768 for n in self.lengths),
+               f"--lengths must be in [256, 32768] tokens, got {self.lengths}")
+        _check(self.samples >= 1, f"--samples must be >= 1, got {self.samples}")
+        _check(bool(self.keeps) and all(0.0 < k < 1.0 for k in self.keeps), f"--keep values must be in (0, 1), got {self.keeps}")
+        _check(bool(self.windows) and all(w >= 1 for w in self.windows), f"--windows must be >= 1, got {self.windows}")
+        _check(len(set(self.windows)) == len(self.windows), f"--windows has repeats: {self.windows}")
+        _check(0.0 < self.target <= 1.0, f"--target must be in (0, 1], got {self.target}")
+        _check(self.pool >= 1 and self.pool % 2 == 1, f"--pool must be an odd number >= 1, got {self.pool}")
+        _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    @property
+    def max_window(self) -> int:
+        return max(self.windows)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

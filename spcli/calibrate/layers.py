@@ -1,0 +1,223 @@
+"""Layer/window calibration: which single speculator layer and observation window keep the facts.
+
+Per prompt, one full speculator pass (every layer, no look-ahead, no cache) captures each layer's
+last max(W) post-RoPE query rows and its keys; per-layer forward hooks time that same pass. Then,
+for every layer l and window W, without running the model again:
+
+    p[h, s, :] = softmax(q[l, h, s] . K[l]^T / sqrt(D)) over keys j <= pos(s)   (causal rows), fp32
+    importance = mean over the last W rows of max_h avgpool(p)[h, s, :]          (DESIGN.md steps 2-5)
+
+selection at every keep, and fact-token recall = the fraction of the needle sentences' tokens kept.
+cost(l) = the share of the full forward spent up to the end of layer l (embeddings included): what
+an early-exit speculator scoring at layer l pays. The choice: the cheapest (layer, window), ties to
+the smaller window, whose mean recall reaches the target on every task at every keep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from spcli import models, profiles
+from spcli.calibrate import report
+from spcli.calibrate.config import CalibrateConfig
+from spcli.config import PAPER_SCORE, ScoreConfig, SelectConfig
+from spcli.engine.capture import QueryCapture
+from spcli.engine.load import ModelStack, load_stack, parse_self
+from spcli.engine.select import select_tokens
+from spcli.engine.speculate import speculate
+from spcli.engine.tokenize import tokenize
+from spcli.errors import OutputError, SpcliError
+from spcli.evaluate.compare import needle_spans
+from spcli.evaluate.metrics import covered
+from spcli.evaluate.tasks import Example, generate
+from spcli.io.records import Record
+from spcli.kernels.score import smooth
+
+GENERATION_ROOM = 64  # positions left free when a length meets the model's context (as in eval)
+
+
+def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int, ...], pool: int) -> torch.Tensor:
+    """One layer's importance for each window. query: [H, R, D], the last R prompt rows (row s sits at
+    position n - R + s); key: [KVH, n, D]. Returns [len(windows), n] float32; a window longer than R uses R rows."""
+    num_heads, num_rows, head_dim = query.shape
+    num_kv_heads, n, _ = key.shape
+    group = num_heads // num_kv_heads
+    q = query.float().reshape(num_kv_heads, group * num_rows, head_dim)  # GQA: a key head's query heads together
+    logits = torch.bmm(q, key.float().transpose(1, 2)).reshape(num_heads, num_rows, n) * head_dim**-0.5
+    positions = torch.arange(n - num_rows, n, device=key.device)  # [R]
+    logits.masked_fill_(torch.arange(n, device=key.device)[None, :] > positions[:, None], float("-inf"))
+    best = smooth(torch.softmax(logits, dim=-1), pool).amax(dim=0)  # [R, n]
+    return torch.stack([best[-min(w, num_rows):].mean(dim=0) for w in windows])
+
+
+def sweep_prompt(queries: torch.Tensor, keys: list[torch.Tensor], spans: list[tuple[int, int]], windows: tuple[int, ...],
+                 keeps: tuple[float, ...], select: SelectConfig, pool: int) -> np.ndarray:
+    """Fact-token recall of one prompt for every (layer, window, keep): [L, len(windows), len(keeps)], NaN
+    without needle spans. queries: [L, H, R, D]; keys: L x [KVH, n, D]."""
+    recall = np.full((len(keys), len(windows), len(keeps)), np.nan)
+    if not spans:
+        return recall
+    for layer, key in enumerate(keys):
+        importance = window_importance(queries[layer], key, windows, pool).cpu()  # [NW, n]
+        for w in range(len(windows)):
+            for k, keep in enumerate(keeps):
+                recall[layer, w, k] = covered(select_tokens(importance[w], select, keep), spans)
+    return recall
+
+
+@dataclass
+class Choice:
+    layer: int
+    window: int
+    cost: float  # share of the full speculator forward
+    worst: float  # the lowest of the per-task mean recalls over the keeps asked
+    meets_target: bool
+
+
+def recommend(recall: dict[str, np.ndarray], costs: list[float], windows: tuple[int, ...], target: float) -> Choice:
+    """recall: per task, the mean over its prompts [L, NW, NK]. Every task must reach `target` at every keep
+    (a multi-fact task is not outvoted by easy single needles); the cheapest such (layer, window) wins, ties to
+    the smaller window. Where none does, the one with the best worst-case recall, marked below target."""
+    worst = np.nanmin(np.stack(list(recall.values())), axis=(0, 3))  # [L, NW]
+    order = sorted((costs[l], windows[w], l, w) for l in range(worst.shape[0]) for w in range(len(windows)))
+    meeting = [c for c in order if worst[c[2], c[3]] >= target]
+    if meeting:
+        cost, window, l, w = meeting[0]
+    else:  # the best worst case; among equals the first, i.e. the cheapest
+        cost, window, l, w = order[max(range(len(order)), key=lambda i: (worst[order[i][2], order[i][3]], -i))]
+    return Choice(l, window, cost, float(worst[l, w]), bool(meeting))
+
+
+def timed_pass(model: nn.Module, ids: list[int], cap: QueryCapture, device: torch.device) -> tuple[list[float], float]:
+    """Run the whole speculator once (no cache, logits of the last token only) with `cap` recording; return the
+    cumulative share of the forward's wall time at the end of each decoder layer [L], and that wall time."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    marks: list[float] = []
+
+    def mark(*_):
+        sync()
+        marks.append(time.perf_counter())
+
+    handles = [layer.register_forward_hook(mark) for layer in model.model.layers]
+    try:
+        sync()
+        t0 = time.perf_counter()
+        model(input_ids=torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1, spcli_capture=cap)
+        sync()
+        total = time.perf_counter() - t0
+    finally:
+        for h in handles:
+            h.remove()
+    return [(t - t0) / total for t in marks], total
+
+
+def build_examples(cfg: CalibrateConfig, tokenizer, max_positions: int, log) -> list[Example]:
+    examples = []
+    for n in cfg.lengths:
+        fitted = min(n, max_positions - GENERATION_ROOM)
+        if fitted < n:
+            log(f"length {n} does not fit the model's {max_positions} positions: using {fitted}")
+        examples += [ex for task in cfg.tasks for ex in generate(task, tokenizer, fitted, cfg.samples, cfg.seed)]
+    return examples
+
+
+def _tokens(m: ModelStack, example: Example) -> list[int]:
+    record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
+    return tokenize(record, m.tokenizer, m.max_positions - GENERATION_ROOM, "error")
+
+
+def _paper_recall(m: ModelStack, ids, spans, cfg: CalibrateConfig) -> tuple[list[float], float]:
+    """The paper's recipe (every layer, last token + look-ahead 8): recall per keep, and its wall time."""
+    score = ScoreConfig(**PAPER_SCORE, pool=cfg.pool)
+    t0 = time.perf_counter()
+    spec = speculate(m.speculator, ids, score, m.eos_ids, m.device)
+    wall = time.perf_counter() - t0
+    recall = [covered(select_tokens(spec.importance, cfg.select, keep), spans) for keep in cfg.keeps]
+    return [math.nan if r is None else r for r in recall], wall
+
+
+@torch.inference_mode()
+def run_layers(cfg: CalibrateConfig, log=print) -> dict:
+    """The sweep over built-in tasks; writes results.json, calibrate.png and (asked) the profile. Returns the results."""
+    out = Path(cfg.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create --out {out}: {e}") from e
+    t_start = time.perf_counter()
+    speculator = cfg.speculator or models.default_speculator(cfg.model)
+    m = load_stack(cfg.model, speculator, cfg.dtype, cfg.device, with_base=parse_self(speculator) is not None)
+    model = m.speculator
+    num_layers = model.config.num_hidden_layers
+    examples = build_examples(cfg, m.tokenizer, m.max_positions, log)
+    log(f"calibrate: {len(examples)} prompts, speculator {m.speculator_name} ({num_layers} layers), windows "
+        f"{', '.join(map(str, cfg.windows))}, keep {', '.join(map(str, cfg.keeps))}, device {m.device}")
+    per_task: dict[str, list[np.ndarray]] = {t: [] for t in cfg.tasks}
+    paper: dict[str, list[list[float]]] = {t: [] for t in cfg.tasks}
+    fractions, paper_ratio, rows = [], [], []
+    t_loop = time.perf_counter()
+    for i, ex in enumerate(examples):
+        t0 = time.perf_counter()
+        ids = _tokens(m, ex)
+        spans = needle_spans(m.tokenizer, ex, ids)
+        cap = QueryCapture(range(num_layers), cfg.max_window, keep_keys=True)
+        marks, forward_s = timed_pass(model, ids, cap, m.device)
+        fractions.append(marks)
+        queries = cap.queries()[:, 0]  # [L, H, R, D]
+        keys = [cap.keys[layer][0] for layer in range(num_layers)]  # L x [KVH, n, D]
+        t1 = time.perf_counter()
+        recall = sweep_prompt(queries, keys, spans, cfg.windows, cfg.keeps, cfg.select, cfg.pool)
+        sweep_s = time.perf_counter() - t1
+        del cap, queries, keys
+        per_task[ex.task].append(recall)
+        paper_s = 0.0
+        if cfg.paper:
+            paper_recall, paper_s = _paper_recall(m, ids, spans, cfg)
+            paper[ex.task].append(paper_recall)
+            paper_ratio.append(paper_s / forward_s)
+        num_fact = sum(e - s for s, e in spans)
+        rows.append({"id": ex.id, "task": ex.task, "num_prompt_tokens": len(ids), "num_fact_tokens": num_fact,
+                     "forward_s": forward_s, "sweep_s": sweep_s, "paper_s": paper_s})
+        eta = (time.perf_counter() - t_loop) / (i + 1) * (len(examples) - i - 1)
+        log(f"[{i + 1}/{len(examples)}] {ex.id}: {len(ids)} tokens, {num_fact} fact tokens, {time.perf_counter() - t0:.1f} s "
+            f"(forward {forward_s:.1f}, sweep {sweep_s:.1f}" + (f", paper's recipe {paper_s:.1f}" if cfg.paper else "")
+            + f"); ETA {eta:.0f} s")
+    recall = {t: np.nanmean(np.stack(v), axis=0) for t, v in per_task.items() if v and not np.isnan(np.stack(v)).all()}
+    if not recall:
+        raise SpcliError("no prompt had a fact whose tokens could be located; use tasks with needles (niah, niah-multi, multidoc-qa)")
+    costs = np.median(np.array(fractions), axis=0).tolist()  # per layer; monotone like each pass's marks
+    choice = recommend(recall, costs, cfg.windows, cfg.target)
+    results = {
+        "config": cfg.to_dict(), "model_path": str(m.path), "speculator": m.speculator_name, "num_layers": num_layers,
+        "costs": costs, "windows": list(cfg.windows), "keeps": list(cfg.keeps), "tasks": list(recall),
+        "grid": report.grid(recall, costs, cfg.windows, cfg.keeps),
+        "choice": dataclasses.asdict(choice),
+        "paper": {"recall": {t: dict(zip(map(str, cfg.keeps), np.nanmean(np.array(v), axis=0).tolist()))
+                             for t, v in paper.items() if v},
+                  "cost": float(np.median(paper_ratio))} if cfg.paper else None,
+        "examples": rows,
+        "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+                        "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()},
+        "wall_s": time.perf_counter() - t_start,
+    }
+    if cfg.write_profile:
+        score = {"window": choice.window, "lookahead": 0, "score_layers": str(choice.layer)}
+        chosen = report.cell(recall, choice.layer, cfg.windows.index(choice.window), cfg.keeps)
+        evidence = {"choice": results["choice"], "recall": chosen, "costs": costs, "target": cfg.target,
+                    "tasks": list(recall), "lengths": list(cfg.lengths), "samples": cfg.samples, "seed": cfg.seed,
+                    "results": str(out.resolve() / "results.json")}
+        results["profile"] = str(profiles.write_profile(m.path, m.speculator_name, score, evidence))
+        log(f"profile written: {results['profile']}")
+    report.write_json(out / "results.json", results)
+    report.plot(results, out / "calibrate.png")
+    return results

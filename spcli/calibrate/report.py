@@ -1,0 +1,101 @@
+"""Calibrate output: the (layer, window) grid, a terminal table, results.json and calibrate.png (matplotlib Agg)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+MARKERS = ("o", "s", "^", "v", "D", "x")
+
+
+def cell(recall: dict[str, np.ndarray], layer: int, w: int, keeps: tuple[float, ...]) -> dict[str, dict[str, float]]:
+    """{task: {keep: mean recall}} of one (layer, window index); recall[task] is [L, NW, NK]."""
+    return {t: {str(keep): float(r[layer, w, k]) for k, keep in enumerate(keeps)} for t, r in recall.items()}
+
+
+def grid(recall: dict[str, np.ndarray], costs: list[float], windows: tuple[int, ...], keeps: tuple[float, ...]) -> list[dict]:
+    """One entry per (layer, window), layers outer: recall per task and keep, the worst of them, the layer's cost."""
+    out = []
+    for layer, cost in enumerate(costs):
+        for w, window in enumerate(windows):
+            c = cell(recall, layer, w, keeps)
+            worst = min((v for per_keep in c.values() for v in per_keep.values() if not math.isnan(v)), default=math.nan)
+            out.append({"layer": layer, "window": window, "cost": cost, "recall": c, "worst": worst})
+    return out
+
+
+def _num(v: float) -> str:
+    return "-" if v is None or math.isnan(v) else f"{v:.2f}"
+
+
+def text_table(results: dict) -> str:
+    """layer, window, recall per task and keep, the worst of them, cost; the choice marked with *."""
+    keeps, tasks, choice = [str(k) for k in results["keeps"]], results["tasks"], results["choice"]
+    header = ["layer", "window"] + [f"{t}@{k}" for t in tasks for k in keeps] + ["worst", "cost"]
+    rows = [header]
+    for e in results["grid"]:
+        mark = "*" if (e["layer"], e["window"]) == (choice["layer"], choice["window"]) else ""
+        rows.append([f"{mark}{e['layer']}", str(e["window"])] + [_num(e["recall"][t][k]) for t in tasks for k in keeps]
+                    + [_num(e["worst"]), _num(e["cost"])])
+    paper = results.get("paper")
+    if paper:
+        recall = [paper["recall"].get(t, {}).get(k, math.nan) for t in tasks for k in keeps]
+        rows.append(["all", "la8"] + [_num(v) for v in recall] + [_num(min(recall, default=math.nan)), _num(paper["cost"])])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    target = results["config"]["target"]
+    verdict = (f"meets the target {target} on every task at every keep" if choice["meets_target"] else
+               f"is BELOW the target {target}: no configuration reaches it on every task at every keep; this one has "
+               "the best worst-case recall")
+    lines += ["", "recall: mean fraction of fact tokens kept per task and keep; worst: the lowest of them; cost: share of "
+              "the full speculator forward up to that layer" + ("; all/la8: the paper's recipe (every layer, look-ahead 8, "
+              "cost relative to one full forward)" if paper else ""),
+              f"choice: layer {choice['layer']}, window {choice['window']} (cost {choice['cost']:.2f}, worst recall "
+              f"{choice['worst']:.2f}) {verdict}"]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, results: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=1, allow_nan=True))
+    os.replace(tmp, path)
+
+
+def plot(results: dict, path: Path) -> Path:
+    """Per keep a panel: worst-task recall against layer, one line per window, the target dashed, cost on a twin axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keeps, windows, costs = results["keeps"], results["windows"], results["costs"]
+    layers = list(range(len(costs)))
+    fig, axes = plt.subplots(1, len(keeps), figsize=(5.5 * len(keeps), 4), squeeze=False)
+    for ax, keep in zip(axes[0], keeps):
+        for i, window in enumerate(windows):
+            worst = [min((e["recall"][t][str(keep)] for t in results["tasks"]), default=math.nan)
+                     for e in results["grid"] if e["window"] == window]
+            ax.plot(layers, worst, marker=MARKERS[i % len(MARKERS)], ms=3, label=f"window {window}")
+        ax.axhline(results["config"]["target"], color="k", ls="--", lw=1, label="target")
+        choice = results["choice"]
+        ax.axvline(choice["layer"], color="tab:red", ls=":", lw=1, label=f"choice: layer {choice['layer']}, W {choice['window']}")
+        ax.set_xlabel("speculator layer (scoring alone)")
+        ax.set_ylabel("fact-token recall (worst task)")
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title(f"keep {keep}")
+        ax.grid(alpha=0.3)
+        twin = ax.twinx()
+        twin.plot(layers, costs, color="gray", lw=1, alpha=0.7)
+        twin.set_ylabel("cost: share of the full forward", color="gray")
+        twin.set_ylim(0, 1.05)
+    axes[0][0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"calibrate: {results['speculator']} ({', '.join(results['tasks'])})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,116 @@
+"""`spcli calibrate` (layer/window mode): causal window scores, the sweep on a constructed case, the choice,
+the profile it writes, and one CLI run on the tiny model (3 layers; SmolLM2-135M has 30)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from spcli.calibrate.config import CalibrateConfig
+from spcli.calibrate.layers import recommend, sweep_prompt, window_importance
+from spcli.config import ScoreConfig, SelectConfig
+from spcli.errors import ConfigError
+from spcli.kernels.score import smooth
+
+
+def brute_window(query, key, window, pool):
+    """Row by row: softmax over the keys up to the row's own position, zeros after, pooled, max over heads."""
+    num_heads, num_rows, _ = query.shape
+    num_kv_heads, n, head_dim = key.shape
+    group = num_heads // num_kv_heads
+    rows = []
+    for s in range(num_rows - min(window, num_rows), num_rows):
+        p = n - num_rows + s
+        probs = torch.zeros(num_heads, n)
+        for h in range(num_heads):
+            logits = key[h // group, : p + 1].double() @ query[h, s].double() / head_dim**0.5
+            probs[h, : p + 1] = torch.softmax(logits, dim=0).float()
+        rows.append(smooth(probs, pool).amax(dim=0))
+    return torch.stack(rows).mean(dim=0)
+
+
+@pytest.mark.parametrize("pool", [1, 13])
+def test_window_importance_matches_row_by_row(pool):
+    torch.manual_seed(0)
+    query, key = torch.randn(4, 17, 12), torch.randn(2, 63, 12)  # GQA 4 heads on 2, odd sizes
+    got = window_importance(query, key, (1, 5, 17, 32), pool)
+    for i, w in enumerate((1, 5, 17, 32)):  # 32 > the 17 captured rows: all of them
+        ref = brute_window(query, key, w, pool)
+        assert torch.allclose(ref, got[i], atol=1e-6), f"window {w}: max err {(ref - got[i]).abs().max():.2e}"
+
+
+NEEDLE, DECOY, N = (1000, 1020), (100, 120), 2048
+
+
+def constructed(num_layers=3, best=(1,), rows=64):
+    """Keys: e0 on the needle span, e1 on a decoy span, 0 elsewhere. The `best` layers' window queries point at
+    the needle (10 e0), the others' at the decoy (10 e1): only the best layers can find the fact."""
+    keys = torch.zeros(1, N, 8)
+    keys[0, NEEDLE[0] : NEEDLE[1], 0] = 1.0
+    keys[0, DECOY[0] : DECOY[1], 1] = 1.0
+    queries = torch.zeros(num_layers, 2, rows, 8)
+    for layer in range(num_layers):
+        queries[layer, :, :, 0 if layer in best else 1] = 10.0
+    return queries, [keys] * num_layers
+
+
+def test_sweep_finds_the_layer_that_points_at_the_fact():
+    queries, keys = constructed()
+    recall = sweep_prompt(queries, keys, [NEEDLE], (16, 64), (0.1, 0.2), SelectConfig(keep=1.0), 13)
+    assert recall.shape == (3, 2, 2)
+    assert (recall[1] == 1.0).all()
+    assert (recall[[0, 2]] == 0.0).all()
+    assert np.isnan(sweep_prompt(queries, keys, [], (16,), (0.1,), SelectConfig(keep=1.0), 13)).all()  # no fact located
+
+    choice = recommend({"niah": recall}, [0.3, 0.6, 0.9], (16, 64), 0.95)
+    assert (choice.layer, choice.window, choice.cost, choice.worst, choice.meets_target) == (1, 16, 0.6, 1.0, True)
+
+
+def test_recommend_cheapest_then_smaller_window_then_best_below_target():
+    r = np.zeros((3, 2, 1))
+    r[2, :] = 1.0
+    r[1, 1] = 0.96  # layer 1 meets the target with window 64 only
+    choice = recommend({"a": r}, [0.3, 0.6, 0.9], (16, 64), 0.95)
+    assert (choice.layer, choice.window, choice.meets_target) == (1, 64, True)
+    # a second task no configuration passes (every task must reach the target): the best worst case, then the cheapest
+    choice = recommend({"a": r, "b": np.where(r > 0.9, 0.5, 0.1)}, [0.3, 0.6, 0.9], (16, 64), 0.95)
+    assert not choice.meets_target and choice.worst == 0.5 and (choice.layer, choice.window) == (1, 64)
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ConfigError, match="--windows"):
+        CalibrateConfig(windows=(0, 16))
+    with pytest.raises(ConfigError, match="unknown task"):
+        CalibrateConfig(tasks=("nope",))
+    with pytest.raises(ConfigError, match="--keep"):
+        CalibrateConfig(keeps=(1.0,))
+
+
+def test_cli_writes_results_plot_and_a_profile_that_flags_override(tiny_dir, tmp_path, monkeypatch):
+    from spcli import profiles
+    from spcli.cli import app
+
+    monkeypatch.setenv("SPCLI_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "calib"
+    args = ["calibrate", "--model", str(tiny_dir), "--speculator", "self", "--tasks", "niah", "--lengths", "300",
+            "--samples", "2", "--keep", "0.5", "--windows", "4,16", "--out", str(out), "--write-profile", "--device", "cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    doc = json.loads((out / "results.json").read_text())
+    assert (out / "calibrate.png").stat().st_size > 0
+    assert doc["num_layers"] == 3 and len(doc["grid"]) == 3 * 2 and len(doc["examples"]) == 2
+    assert len(doc["costs"]) == 3 and doc["costs"] == sorted(doc["costs"]) and 0 < doc["costs"][-1] <= 1
+    assert doc["paper"]["recall"]["niah"].keys() == {"0.5"}
+    choice = doc["choice"]
+    assert f"choice: layer {choice['layer']}, window {choice['window']}" in result.output
+
+    want = {"window": choice["window"], "lookahead": 0, "score_layers": str(choice["layer"])}
+    assert profiles.read_profile(tiny_dir, "self") == want
+    defaults, source = profiles.score_defaults(str(tiny_dir), tiny_dir, "self")
+    assert defaults == want and source.startswith("profile")
+    flagged = profiles.resolve_score(ScoreConfig(window=7), str(tiny_dir), tiny_dir, "self")
+    assert (flagged.window, flagged.lookahead, flagged.score_layers) == (7, 0, str(choice["layer"]))
