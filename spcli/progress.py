@@ -69,6 +69,21 @@ def setup_logging(level: str = "INFO", quiet: bool = False, json_lines: bool = F
     if root.level == logging.NOTSET or root.level > logging.WARNING:
         root.setLevel(logging.WARNING)
     log.setLevel(level)
+    if quiet:
+        quiet_third_party_bars()
+
+
+def quiet_third_party_bars() -> None:
+    """No loading bars from huggingface_hub and transformers ("Loading weights"), imported yet or not."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when huggingface_hub is imported
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 def is_json_logging() -> bool:
@@ -164,6 +179,17 @@ class Progress:
             self._bar.update(len(rows))
         elif self._lines == 0 or time.perf_counter() - self._last >= self.interval_s:
             self._line()
+
+    def stage(self, text: str) -> None:
+        """Where the batch in flight is ("speculating 3/8 prompts"): on the bar, or as a plain line
+        when the last line is older than interval_s."""
+        if self.quiet:
+            return
+        if self._bar is not None:
+            self._bar.set_description_str(text, refresh=True)
+        elif time.perf_counter() - self._last >= self.interval_s:
+            self._last = time.perf_counter()
+            log.info("progress: %s; %s", text, self.stats(), extra={"fields": {**self.numbers(), "stage": text}})
 
     def _line(self) -> None:
         self._last = time.perf_counter()

@@ -7,6 +7,7 @@ row of each shard; a signal commits what is finished and exits 75 (resumable).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ import pyarrow.parquet as pq
 
 from spcli import models
 from spcli.config import RunConfig
-from spcli.errors import Interrupted, OutputError
+from spcli.batch import run_batch
+from spcli.errors import EngineDied, Interrupted, OutputError
 from spcli.io import commit
 from spcli.io.ids import IdIndex
 from spcli.io.manifest import (
@@ -27,8 +29,9 @@ from spcli.io.manifest import (
 )
 from spcli.io.read import check_shard, count_rows, read_records
 from spcli.io.records import Record, Shard, discover, shard_kind, where
+from spcli.profiles import resolve_score
 from spcli.progress import Progress
-from spcli.stop import StopRequest
+from spcli.stop import StopAtSafePoint, StopRequest
 
 log = logging.getLogger("spcli")
 
@@ -43,6 +46,9 @@ class RunSummary:
     wall_s: float
     shards: int
     rows_total: int | None = None
+    rows_this_run: int = 0
+    wall_this_run_s: float = 0.0
+    nothing_to_do: bool = False  # every shard was already done: the directory was left as it was
 
 
 def my_shards(shards: list[Shard]) -> tuple[list[Shard], dict | None]:
@@ -55,6 +61,11 @@ def my_shards(shards: list[Shard]) -> tuple[list[Shard], dict | None]:
     mine = assign_shards([s.path for s in shards], task.index, task.count)
     return [shards[i] for i in mine], {"index": task.index, "count": task.count, "job_id": task.job_id,
                                        "restart_count": task.restart_count}
+
+
+def check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out}: output path exists and is not a directory")
 
 
 def prepare_out(out: Path) -> Path:
@@ -74,16 +85,23 @@ def fingerprint_fields(cfg: RunConfig, shards: list[Shard], model_path: str) -> 
     fields["model_path"] = model_path
     fields["dtype"] = cfg.dtype or models.default_dtype(cfg.model)
     fields["speculator"] = cfg.speculator or models.default_speculator(cfg.model)
+    from spcli.engine.load import pick_device
+
+    fields["device_type"] = pick_device(cfg.device).type  # cpu and cuda kernels round bf16 differently
     fields["inputs"] = [{k: v for k, v in s.items() if k != "index"} for s in input_identity(shards)]
     return fields
 
 
 def open_manifest(cfg: RunConfig, out: Path, shards: list[Shard], task: dict | None, model_path: str) -> Manifest:
+    """The manifest to continue: a new one, or the directory's (checked against this configuration).
+
+    A manifest that committed no part holds no outputs, so it never refuses another configuration.
+    """
     fields = fingerprint_fields(cfg, shards, model_path)
     path = out / manifest_name(task["index"] if task else None)
-    if cfg.fresh or not path.exists():
+    old = None if cfg.fresh or not path.exists() else Manifest.load(path)
+    if old is None or not old.committed_parts():
         return Manifest(path, cfg.to_dict(), fields, {s.index: ShardProgress(s.path) for s in shards}, task)
-    old = Manifest.load(path)
     if old.fingerprint != fingerprint(fields):
         diffs = describe_difference(old.fingerprint_fields, fields)
         what = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
@@ -92,8 +110,10 @@ def open_manifest(cfg: RunConfig, out: Path, shards: list[Shard], task: dict | N
                 f"{out} holds a run with another configuration ({what}); "
                 "rerun with --fresh to start over (deletes its outputs) or --force to append anyway"
             )
-        log.warning("--force: appending to outputs made with another configuration (%s)", what)
-    old.config, old.fingerprint_fields, old.task, old.finished = cfg.to_dict(), fields, task, False
+        if not all(old.shards[i].done for i in old.shards if old.shards[i].path in {s.path for s in shards}):
+            log.warning("--force: appending to outputs made with another configuration (%s)", what)
+        old.use_config(cfg.to_dict(), fields)  # the parts made so far keep their configuration
+    old.task, old.finished = task, False
     old.shards = merge_progress(old.shards, shards)
     return old
 
@@ -114,52 +134,87 @@ def batches(records: Iterator[Record], size: int) -> Iterator[list[Record]]:
 
 
 def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
-    out = prepare_out(Path(cfg.out))
+    """Everything that can refuse the start (inputs, model, fields) is checked before the output
+    directory is touched; a start that fails before its first commit leaves the directory as it was."""
+    out = Path(cfg.out)
+    check_out(out)
     all_shards = discover(cfg.inputs, exclude=out)
     shards, task = my_shards(all_shards)
+    model_path = str(models.locate(cfg.model))
+    speculator = cfg.speculator or models.default_speculator(cfg.model)
+    cfg = dataclasses.replace(cfg, score=resolve_score(cfg.score, cfg.model, Path(model_path), speculator))
+    if cfg.select.prunes and speculator != "self" and not speculator.startswith("self:"):
+        models.locate(speculator)
+    warnings = {s.index: check_shard(s, cfg.fields) for s in shards}
+    existed = out.exists()
+    prepare_out(out)
     lock = WriterLock(out, task["index"] if task else None, warn=log.warning)
-    with StopRequest(log=log.warning) as stop:
-        lock.acquire()
-        try:
-            return _run_locked(cfg, out, all_shards, shards, task, stop, progress or Progress(total=None))
-        except KeyboardInterrupt:
-            raise Interrupted("stopped at once by a second SIGINT (the batch in flight was dropped); "
-                              "run the same command again to resume") from None
-        finally:
-            lock.release()
+    try:
+        with StopRequest(log=log.warning) as stop:
+            lock.acquire()
+            try:
+                return _run_locked(cfg, out, all_shards, shards, task, stop, progress or Progress(total=None),
+                                   model_path, warnings)
+            except KeyboardInterrupt:
+                raise Interrupted("stopped at once by a second SIGINT (the batch in flight was dropped); "
+                                  "run the same command again to resume") from None
+            finally:
+                lock.release()
+    except BaseException:
+        if not existed:
+            _remove_if_empty(out)
+        raise
+
+
+def _remove_if_empty(out: Path) -> None:
+    try:
+        out.rmdir()  # only an empty directory: one this run created and never committed to
+    except OSError:
+        pass
 
 
 def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list[Shard], task: dict | None,
-                stop: StopRequest, progress: Progress) -> RunSummary:
-    model_path = str(models.locate(cfg.model))
+                stop: StopRequest, progress: Progress, model_path: str, warnings: dict[int, str | None]) -> RunSummary:
     manifest = open_manifest(cfg, out, shards, task, model_path)
     committed = set().union(*_all_committed(out, manifest, strict=task is None))
     missing = sorted(p for p in manifest.committed_parts() if not (out / p).is_file())
     if missing:
         raise OutputError(f"{out}: committed part file(s) missing ({', '.join(missing[:3])}); "
                           "the outputs are incomplete: rerun with --fresh to start over")
+    todo = [s for s in shards if not manifest.shards[s.index].done]
+    before = manifest.totals()
+    if not todo:  # a finished directory: report, and leave its manifest as it is
+        return RunSummary(out, before["rows"], before["failed"], before["prompt_tokens"], before["kept_tokens"],
+                          manifest.wall_s, len(shards), before["rows_total"], nothing_to_do=True)
+    warned = set()
+    for s in todo:
+        if warnings.get(s.index) is not None:
+            log.warning("%s", warnings[s.index])
+            warned.add(s.index)
+        prog = manifest.shards[s.index]
+        prog.total_rows = prog.total_rows if prog.total_rows is not None else count_rows(s)
+    rows_total = manifest.totals()["rows_total"]
+    for line in banner_lines(cfg, shards, rows_total, model_path, out):
+        log.info("%s", line)
+    if before["rows"]:
+        first = todo[0]
+        log.info("%s", resume_line(before["rows"], rows_total, first.path, manifest.shards[first.index].next_row))
     committer = commit.Committer(out, manifest, cfg.output_format, cfg.save_scores, cfg.model,
                                  cfg.commit_interval, committed)
-    committer.save()  # first, so that --fresh un-commits the old parts before they are deleted
+    engine = None
+    if cfg.fresh and manifest.path.exists():
+        engine = build_engine(cfg)  # before anything is deleted: a model that cannot load leaves the old outputs
+        committer.save()  # first, so that --fresh un-commits the old parts before they are deleted
     # a Slurm task cleans up after its own shards only; a plain run owns every part in the directory
     indices = None if task is None else {s.index for s in shards}
     removed = commit.remove_uncommitted(out, committed, indices, manifest.path.name)
     if removed:
         log.info("removed %d uncommitted file(s) from an earlier run", len(removed))
-    todo = [s for s in shards if not manifest.shards[s.index].done]
-    warned = set()
-    for s in todo:
-        if (warning := check_shard(s, cfg.fields)) is not None:
-            log.warning("%s", warning)
-            warned.add(s.index)
-        prog = manifest.shards[s.index]
-        prog.total_rows = prog.total_rows if prog.total_rows is not None else count_rows(s)
     ids = rebuild_ids(out, manifest)
     totals = [manifest.shards[s.index].total_rows for s in todo]
     done = sum(manifest.shards[s.index].rows for s in todo)
-    progress.start(total=None if None in totals else sum(totals) - done, done=manifest.totals()["rows"])
+    progress.start(total=None if None in totals else sum(totals) - done, done=before["rows"])
     paths = {s.index: s.path for s in all_shards} | {i: p.path for i, p in manifest.shards.items()}
-    engine = None
     for shard in todo:
         prog = manifest.shards[shard.index]
         try:
@@ -167,9 +222,20 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
                 _check_stop(stop, committer, manifest)
                 mark_duplicates(batch, ids, paths)
                 if engine is None:
-                    engine = build_engine(cfg, paths)
+                    engine = build_engine(cfg)
                     _check_stop(stop, committer, manifest)
-                rows = engine.run_batch(batch)
+                try:
+                    rows = run_batch(engine, batch, cfg, paths, on_stage=progress.stage, should_stop=stop.is_urgent)
+                except StopAtSafePoint:
+                    log.warning("the batch in flight (%d rows) was dropped at a safe point; it is redone on resume",
+                                len(batch))
+                    _check_stop(stop, committer, manifest)
+                    raise
+                except EngineDied as e:
+                    if stop.requested:  # the signal reached the engine's own processes as well
+                        raise Interrupted(f"{e.stopped_message}; committed rows are safe: "
+                                          "run the same command again to resume") from e
+                    raise
                 assert len(rows) == len(batch), "every record gives exactly one row"
                 committer.add(shard.index, batch[-1].row + 1, rows)
                 progress.update(rows)
@@ -179,7 +245,8 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
         except (Interrupted, OutputError):
             raise
         except Exception:
-            committer.commit()  # a file-level problem mid-shard: keep what is finished, then stop
+            if committer.has_rows:
+                committer.commit()  # a file-level problem mid-shard: keep what is finished, then stop
             raise
         committer.commit(shard.index, done=True)
         if prog.rows == 0 and shard.index not in warned:
@@ -188,12 +255,39 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
     progress.close()
     t = manifest.totals()
     return RunSummary(out, t["rows"], t["failed"], t["prompt_tokens"], t["kept_tokens"], manifest.wall_s,
-                      len(shards), t["rows_total"])
+                      len(shards), t["rows_total"], t["rows"] - before["rows"], committer.elapsed_s)
+
+
+def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, model_path: str, out: Path) -> list[str]:
+    """What this run is about to do, one line per part: inputs, model, speculator, keep, engine, output."""
+    from spcli.engine.load import pick_device
+
+    speculator = cfg.speculator or models.default_speculator(cfg.model)
+    score = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.score).items())
+    auto_only = ("keep_mass", "keep_min", "keep_max")  # used at keep auto only
+    select = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.select).items()
+                       if k != "keep" and (cfg.select.keep == "auto" or k not in auto_only))
+    rows = "rows unknown" if rows_total is None else f"{rows_total} row{'' if rows_total == 1 else 's'}"
+    model = cfg.model if cfg.model == model_path else f"{cfg.model} ({model_path})"
+    return [
+        f"inputs: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {rows}",
+        f"model: {model}, {cfg.dtype or models.default_dtype(cfg.model)}",
+        f"speculator: {speculator} ({score})" + (" (not used at keep 1.0)" if not cfg.select.prunes else ""),
+        f"keep: {cfg.select.keep} ({select})",
+        f"engine: {cfg.engine}, device {pick_device(cfg.device)}, batch size {cfg.batch_size}",
+        f"output: {out} ({cfg.output_format})",
+    ]
+
+
+def resume_line(rows_done: int, rows_total: int | None, shard: str, next_row: int) -> str:
+    of = "" if rows_total is None else f" of {rows_total}"
+    return f"resuming: {rows_done}{of} rows done, shard {shard} at row {next_row}"
 
 
 def _check_stop(stop: StopRequest, committer: commit.Committer, manifest: Manifest) -> None:
     if stop.requested:
-        committer.commit()
+        if committer.has_rows:
+            committer.commit()
         t = manifest.totals()
         of = "" if t["rows_total"] is None else f" of {t['rows_total']}"
         raise Interrupted(f"stopped by {stop.signal_name} with {t['rows']}{of} rows committed; "
@@ -252,11 +346,11 @@ def _all_committed(out: Path, mine: Manifest, strict: bool) -> list[set[str]]:
     return sets
 
 
-def build_engine(cfg: RunConfig, shard_paths: dict[int, str]):
+def build_engine(cfg: RunConfig):
     if cfg.engine == "hf":
         from spcli.engine.hf import HFEngine
 
-        return HFEngine(cfg, shard_paths, log=log.info)
+        return HFEngine(cfg, log=log.info)
     from spcli.engine.vllm_engine import VllmEngine
 
-    return VllmEngine(cfg, shard_paths, log=log.info)
+    return VllmEngine(cfg, log=log.info)

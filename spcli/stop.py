@@ -1,7 +1,10 @@
 """Graceful stop on SIGTERM, SIGINT and SIGUSR1 (Slurm's warning before a time limit or preemption).
 
-The first signal asks the run to stop after the batch in flight is committed; a second SIGINT
-(Ctrl-C twice) stops at once. Either way nothing half-written is ever committed.
+SIGTERM and SIGUSR1 (Slurm gives a lead time) let the batch in flight finish and be committed. The
+first SIGINT (Ctrl-C, a person waiting) stops the batch in flight at its next safe point: between
+the speculator's prompt groups, before the base pass, or between decode steps; that batch's rows
+are dropped and redone on resume. A second SIGINT stops at once. Either way only whole rows are
+ever committed.
 """
 
 from __future__ import annotations
@@ -10,6 +13,17 @@ import signal
 import threading
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class StopAtSafePoint(Exception):
+    """Raised inside a batch (after a first SIGINT) at a point where dropping the batch is safe."""
+
+
+def stop_message(name: str) -> str:
+    if name == "SIGINT":
+        return ("SIGINT received: stopping the batch in flight at its next safe point (its rows are redone on resume), "
+                "committing the finished rows and exiting (resumable); press Ctrl-C again to stop at once")
+    return f"{name} received: finishing the batch in flight, then committing and exiting (resumable)"
 
 
 class StopRequest:
@@ -22,13 +36,17 @@ class StopRequest:
     def requested(self) -> bool:
         return self.signal_name is not None
 
+    def is_urgent(self) -> bool:
+        """A person pressed Ctrl-C: the batch in flight stops at its next safe point."""
+        return self.signal_name == "SIGINT"
+
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.signal_name is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # second Ctrl-C: leave now; the manifest is only ever replaced atomically
         if self.signal_name is None:
             self.signal_name = name
-            self.log(f"{name} received: finishing the batch in flight, then committing and exiting (resumable)")
+            self.log(stop_message(name))
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():

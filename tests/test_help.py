@@ -43,5 +43,5 @@ def test_help_mentions_what_the_code_does():
         assert text in root.output
     inspect = runner.invoke(app, ["inspect", "--help"], env={"COLUMNS": "200"})
     assert inspect.exit_code == 0
-    for text in ("--id", "--row", "--html", "--limit", "--compare", "--width", "--no-color", "--plain", "[kept chunk]"):
+    for text in ("--id", "--row", "--html", "--limit", "--compare", "--width", "--no-color", "--plain", "⟦kept chunk⟧"):
         assert text in inspect.output

@@ -195,3 +195,13 @@ def test_browser_handles_a_32k_token_prompt(long_run, tmp_path):
     shot = tmp_path / "long.png"
     chromium(tmp_path, f"--screenshot={shot}", "--window-size=1280,1000", page.as_uri())
     assert png_colours(shot) > 100
+
+
+def test_the_two_chunk_shades_are_different_hues():
+    import re
+
+    from spcli.inspect.html import CSS
+
+    k0, k1 = (tuple(int(h[i : i + 2], 16) for i in (0, 2, 4)) for h in re.findall(r"--k[01]:#([0-9a-f]{6})", CSS))
+    hue = [max(range(3), key=lambda i: c[i]) for c in (k0, k1)]  # the dominant channel
+    assert hue[0] != hue[1] and max(abs(a - b) for a, b in zip(k0, k1)) >= 40, (k0, k1)

@@ -87,10 +87,33 @@ def test_summary_numbers(known_run):
     assert s.ttft_quantiles["p90"] == pytest.approx(3.7)
     assert s.speculate_s == pytest.approx(2.0) and s.wall_s == pytest.approx(12.5)
     assert s.config["keep"] == 0.2 and s.config["chunk"] == 8 and s.config["speculator"] == "self:2"
-    assert s.config["lookahead"] == 8 and s.config["pool"] == 13
+    assert s.config["lookahead"] == RunConfig(inputs=("x",), out="o").score.lookahead and s.config["pool"] == 13
     assert len(s.errors) == 1
     assert (s.errors[0].message, s.errors[0].count) == ("field 'prompt' must be a string, got int", 2)
     assert s.errors[0].example.startswith("/data/in.jsonl:line 5:")
+
+
+def test_summary_labels_keep_rates_and_weighs_the_speculator_against_what_it_saved(known_run):
+    res = CliRunner().invoke(app, ["inspect", str(known_run), "--width", "200"])
+    assert res.exit_code == 0, res.output
+    lines = [line.rstrip() for line in res.output.splitlines()]
+    # 4 ok rows: speculator 0.5 s each; base prefill 0.25 s per batch of 2 rows -> 0.5 s for 140 kept tokens
+    assert ("tokens     450 prompt -> 140 kept: prefill work saved 310 tokens (68.9%), at the cost of speculator 2.0 s "
+            "(16.0% of wall time)") in lines
+    assert ("           the speculator cost more than it saved: 2.0 s of speculation vs about 1.1 s of base prefill saved "
+            "(base s per kept token x dropped tokens)") in lines, res.output
+    assert "keep rate  by tokens 31.1% (kept / prompt tokens over all rows)" in lines
+    assert "           by rows: mean 40.0%, min 10.0%, p10 13.0%, p50 25.0%, p90 79.0%, max 100.0%" in lines
+    assert ("time       wall 12.5 s, 36 prompt tokens/s; speculator 2.0 s, base prefill 0.5 s "
+            "(summed over rows and batches)") in lines
+    assert any(line.startswith("config     model ") and ", speculator self:2, engine hf" in line for line in lines)
+
+
+def test_speculator_is_shown_by_its_resolved_name(tmp_path, tiny_dir):
+    from spcli.inspect.summary import resolved_config
+
+    assert resolved_config({"model": "llama-8b", "speculator": None})["speculator"] == "llama-1b"
+    assert resolved_config({"model": str(tiny_dir), "speculator": None}, {"speculator": "self:4"})["speculator"] == "self:4"
 
 
 def test_summary_command(known_run):
@@ -101,7 +124,7 @@ def test_summary_command(known_run):
     assert "450 prompt -> 140 kept: prefill work saved 310 tokens (68.9%)" in out
     assert "mean 40.0%, min 10.0%, p10 13.0%, p50 25.0%, p90 79.0%, max 100.0%" in out
     assert "p50 2.500 s, p90 3.700 s, p99 3.970 s, max 4.000 s" in out
-    assert "keep 0.2" in out and "chunk 8" in out and "lookahead 8" in out and "pool 13" in out
+    assert "keep 0.2" in out and "chunk 8" in out and "pool 13" in out
     assert "2 x field 'prompt' must be a string, got int" in out
     assert "not finished" in out
 
@@ -146,8 +169,8 @@ def test_on_a_real_run(tmp_path, tiny_dir, write_jsonl):
     assert res.exit_code == 0, res.output
     header, body = res.output.split("\n", 1)
     assert header.startswith(f"r1 | {rows['r1']['num_prompt_tokens']} prompt tokens | kept {rows['r1']['num_kept_tokens']} (30.")
-    assert body.count("{") == 2  # the forced head and tail
+    assert body.count("⟪") == 2  # the forced head and tail
     stripped = body.rstrip("\n")
-    for marker in "[]{}":
+    for marker in "⟦⟧⟮⟯⟪⟫":
         stripped = stripped.replace(marker, "")
     assert "word" in stripped and "warning" not in res.output

@@ -36,13 +36,13 @@ def invoke(*args: str):
 def test_plain_mode_exactly(small_run):
     out = invoke(str(small_run), "--id", "t1", "--plain")
     assert out == ('t1 | 12 prompt tokens | kept 9 (75.0%) | length | output: "the answer"\n'
-                   "{one}. two three four.[ five six seven eight][ nine ten]{ eleven twelve}\n")
+                   "⟪one⟫⟮ two three four⟯⟦ five six seven eight⟧⟦ nine ten⟧⟪ eleven twelve⟫\n")
 
 
 def test_plain_is_the_default_when_piped_and_row_selects_by_position(small_run):
     assert invoke(str(small_run), "--row", "0") == invoke(str(small_run), "--id", "t1", "--plain")
     whole = invoke(str(small_run), "--row", "1")  # nothing pruned: all kept, nothing forced
-    assert whole.splitlines()[1] == "[one two three four][ five six seven eight][ nine ten eleven twelve]"
+    assert whole.splitlines()[1] == "⟦one two three four⟧⟦ five six seven eight⟧⟦ nine ten eleven twelve⟧"
 
 
 def test_error_row_shows_its_error(small_run):
@@ -111,9 +111,12 @@ def test_compare_two_runs(small_run, tmp_path, tiny_dir):
                   SELECT)
     out = invoke(str(small_run), "--compare", str(b), "--width", "160")
     assert "2 ids in both, outputs match for 1 (50.0%); 1 only in A, 0 only in B" in out
+    lines = [line.rstrip() for line in out.splitlines()]
+    assert lines[:2] == [f"A: {small_run} (keep 0.75): wall 12.5 s, TTFT p50 1.000 s, speculator 1.0 s",
+                         f"B: {b} (keep 0.75): wall 12.5 s, TTFT p50 1.000 s, speculator 1.0 s"]
     diff = invoke(str(small_run), "--compare", str(b), "--id", "t1")
     assert diff.splitlines()[2] == "outputs match"
-    assert diff.splitlines()[3] == "[one]{B: two three four}{A: five six seven eight nine ten}[ eleven twelve]"
+    assert diff.splitlines()[3] == "⟦one⟧⟬B: two three four⟭⟬A: five six seven eight nine ten⟭⟦ eleven twelve⟧"
 
 
 def test_changed_input_is_flagged(small_run):
@@ -125,3 +128,32 @@ def test_changed_input_is_flagged(small_run):
     assert out.splitlines()[0].startswith("t1 | 13 prompt tokens | kept 9")
     assert out.splitlines()[1] == (f"warning: {shard} changed since the run: the prompt below may not be what was scored; "
                                    "re-tokenised to 13 tokens but the run saw 12: input or tokenizer changed")
+
+
+def test_plain_markers_cannot_be_confused_with_the_prompts_own_brackets_and_periods(tmp_path, tiny_dir):
+    prompt = "labs.[1] The (Secret) {x} end."
+    records = [{"id": "p", "prompt": prompt}]
+    from transformers import AutoTokenizer
+
+    n = len(AutoTokenizer.from_pretrained(tiny_dir)(prompt, add_special_tokens=False)["input_ids"])
+    run = write_run(tmp_path / "p", tiny_dir, records, [ok_row(n, [0, n - 1], 1.0)], SelectConfig(chunk=1, keep_first=0, keep_last=0))
+    body = invoke(str(run), "--id", "p", "--plain").splitlines()[1]
+    for marker in "⟦⟧⟮⟯⟪⟫":
+        body = body.replace(marker, "")
+    assert body == prompt, "removing the markers gives the prompt back exactly"
+
+
+def test_two_chunk_shades_differ_on_a_16_colour_terminal():
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from spcli.inspect import terminal
+
+    codes = []
+    for style in terminal.COLOR["kept"]:
+        buf = io.StringIO()
+        Console(file=buf, force_terminal=True, color_system="standard").print(Text("x", style), end="")
+        codes.append(buf.getvalue())
+    assert codes[0] != codes[1], codes

@@ -20,6 +20,21 @@ def test_models_command_lists_every_preset_and_availability():
         assert preset.source in line and preset.speculator in line
     smol = next(line for line in lines if line.startswith("smollm2-135m "))
     assert smol.rstrip().endswith("yes")
+    random = [line.split()[:3] for line in lines if line.startswith("random-")]
+    assert random == [["random-405b", "random", "weights"], ["random-8b", "random", "weights"]], "every name bench accepts"
+    assert "random-405b      random weights from a config (spcli bench) random-8b     1 bfloat16      yes (built on first use)" in lines
+
+
+def test_readme_model_table_matches_spcli_models():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("### Models", 1)[1].split("\n\n", 2)[1]
+    rows = {m.group(1): [c.strip().strip("`") for c in m.group(0).split("|")[1:-1]]
+            for m in re.finditer(r"^\| `([^`]+)` \|.*\|$", table, re.M)}
+    listed = {line[:16].strip(): line[76:89].strip() for line in CliRunner().invoke(app, ["models"]).output.splitlines()[1:]}
+    assert {name: cells[-1] for name, cells in rows.items()} == listed, "README's names and dtypes are `spcli models`'s"
 
 
 def test_unknown_name_and_missing_hf_model_are_clear_errors(tmp_path, monkeypatch):

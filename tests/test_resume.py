@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -257,3 +258,102 @@ def test_each_shard_resumes_on_its_own(tmp_path, tiny_dir, write_jsonl):
 def comparable_by_id(out) -> dict:
     keys = ("output", "kept_indices", "finish_reason", "num_prompt_tokens", "error")
     return {r["id"]: tuple(tuple(r[k]) if isinstance(r[k], list) else r[k] for k in keys) for r in read_outputs(out)}
+
+
+def snapshot(d) -> dict | None:
+    """Every file under d with its bytes (None: d does not exist)."""
+    if not d.exists():
+        return None
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_failed_starts_leave_the_output_directory_as_it_was(tmp_path, tiny_dir, write_jsonl, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = write_jsonl(rows_of(2))
+    cols = tmp_path / "cols.parquet"
+    pq.write_table(pa.table({"doc_id": ["d0", "d1"], "text": ["a parquet prompt " * 6, "another one " * 6]}), cols)
+    broken = tmp_path / "broken-model"  # config and tokenizer, but the weights are missing
+    shutil.copytree(tiny_dir, broken, ignore=shutil.ignore_patterns("*.safetensors"))
+    finished = tmp_path / "finished"
+    assert cli(argv(src, finished, tiny_dir), capsys)[0] == 0
+    failures = {  # kind -> (argv, the error line)
+        "missing input": (argv(tmp_path / "nope.jsonl", "{out}", tiny_dir), f"{tmp_path / 'nope.jsonl'}: no such file or directory"),
+        "unknown model": ([*argv(src, "{out}", tiny_dir), "--model", "no-such-model"], "unknown model 'no-such-model'"),
+        "missing speculator": ([*argv(src, "{out}", tiny_dir), "--speculator", "nobody/not-cached"],
+                               "model 'nobody/not-cached' (nobody/not-cached) is not on this machine"),
+        "wrong column": (argv(cols, "{out}", tiny_dir), f"{cols}: Parquet file has no 'prompt' or 'messages' column "
+                                                        "(columns: doc_id, text); name yours with --prompt-field or --messages-field"),
+        "model fails to load": ([*argv(src, "{out}", tiny_dir), "--model", str(broken)], f"cannot load model from {broken}: "),
+    }
+    for kind, (args, message) in failures.items():
+        for where in ("new", "empty", "finished", "finished --fresh"):
+            out = tmp_path / f"{kind}-{where}".replace(" ", "_")
+            if where == "empty":
+                out.mkdir()
+            elif where.startswith("finished"):
+                shutil.copytree(finished, out)
+            before = snapshot(out)
+            extra = ["--fresh"] if where.endswith("--fresh") else []
+            code, _, err = cli([str(out) if a == "{out}" else a for a in args] + extra, capsys)
+            expected = message
+            if (kind, where) == ("model fails to load", "finished"):  # a model that loads would be refused too
+                expected = "holds a run with another configuration (model: "
+            assert code == 2 and expected in last_line(err), (kind, where, err)
+            assert snapshot(out) == before, f"{kind} ({where}) changed the output directory"
+    out = tmp_path / "wrong_column-new"
+    code, _, err = cli([*argv(cols, out, tiny_dir), "--prompt-field", "text", "--id-field", "doc_id"], capsys)
+    assert code == 0, err
+    assert sorted(r["id"] for r in read_outputs(out)) == ["d0", "d1"]
+
+
+def test_a_manifest_without_committed_parts_never_refuses_another_configuration(tmp_path, tiny_dir, write_jsonl, capsys):
+    src = write_jsonl(rows_of(2))
+    out = tmp_path / "out"
+    out.mkdir()
+    Manifest(out / "manifest.json", {"select": {"keep": 0.9}}, {"select": {"keep": 0.9}}, {}).save()  # an older spcli's
+    code, _, err = cli(argv(src, out, tiny_dir), capsys)
+    assert code == 0, err
+    (doc,) = read_manifests(out)
+    assert doc["config"]["select"]["keep"] == 0.1 and len(doc["configs"]) == 1
+
+
+def test_force_keeps_the_history_of_earlier_parts(tmp_path, tiny_dir, write_jsonl, capsys):
+    src = write_jsonl(rows_of(6))
+    out = tmp_path / "out"
+    with pytest.raises(Interrupted):
+        run(config(src, out, tiny_dir), StopAfter(1))
+    assert cli(argv(src, out, tiny_dir, "--keep", "0.5", "--force"), capsys)[0] == 0
+    (doc,) = read_manifests(out)
+    first, second = doc["configs"]
+    assert (first["config"]["select"]["keep"], first["parts"], first["rows"]) == (0.3, ["part-00000-00000.parquet"], 2)
+    assert (second["config"]["select"]["keep"], second["rows"]) == (0.5, 4)
+    assert second["parts"] == ["part-00000-00001.parquet", "part-00000-00002.parquet"]
+    assert doc["config"] == second["config"], "a plain resume matches the latest configuration"
+    history = ["1: 2 rows in 1 part (from part-00000-00000.parquet): the first configuration",
+               "2: 4 rows in 2 parts (from part-00000-00001.parquet): select.keep: 0.3 -> 0.5"]
+    code, shown, _ = cli(["inspect", str(out), "--width", "200"], capsys)
+    lines = [line.rstrip() for line in shown.splitlines()]
+    assert code == 0 and f"history          {history[0]}" in lines and f"                 {history[1]}" in lines, shown
+    code, shown, _ = cli(["status", str(out), "--no-slurm"], capsys)
+    assert code == 0 and f"parts made with different configurations:\n  {history[0]}\n  {history[1]}\ndone (exit 0)" in shown
+
+    code, out_text, err = cli(argv(src, out, tiny_dir, "--keep", "0.7", "--force"), capsys)
+    assert (code, out_text) == (0, f"nothing to do: 6 rows already done; outputs in {out}\n")
+    assert "--force" not in err
+    assert read_manifests(out) == [doc], "a finished directory's manifest is not rewritten"
+
+
+def test_rerun_of_a_finished_directory_and_a_resumed_run_say_where_they_stand(tmp_path, tiny_dir, write_jsonl, capsys):
+    src = write_jsonl(rows_of(6))
+    out = tmp_path / "out"
+    with pytest.raises(Interrupted):
+        run(config(src, out, tiny_dir), StopAfter(1))
+    code, out_text, err = cli(argv(src, out, tiny_dir, "--keep", "0.3"), capsys)
+    assert code == 0, err
+    assert f"INFO resuming: 2 of 6 rows done, shard {src} at row 2\n" in err
+    assert out_text.startswith("done: 6 rows (0 failed), prompt tokens ")
+    assert " s (this run: 4 rows); outputs in " in out_text
+    code, out_text, err = cli(argv(src, out, tiny_dir, "--keep", "0.3"), capsys)
+    assert (code, out_text, err) == (0, f"nothing to do: 6 rows already done; outputs in {out}\n", "")

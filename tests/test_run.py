@@ -113,5 +113,56 @@ def test_run_as_a_real_subprocess(tmp_path, tiny_dir, write_jsonl):
     assert "done: 3 rows (0 failed)" in proc.stdout
     assert len(read_outputs(out)) == 3
     again = subprocess.run(cmd, capture_output=True, text=True)  # resume: nothing left to do
-    assert again.returncode == 0 and "done: 3 rows (0 failed)" in again.stdout
+    assert (again.returncode, again.stdout) == (0, f"nothing to do: 3 rows already done; outputs in {out}\n")
     assert len(read_outputs(out)) == 3
+
+
+def test_start_banner_names_inputs_model_speculator_keep_engine_device_output(tmp_path, tiny_dir, write_jsonl):
+    import dataclasses
+
+    from spcli.config import ScoreConfig
+
+    src = write_jsonl(prompt_rows(3))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(src), "--out", str(out), "--model", str(tiny_dir), "--device", "cpu", *ARGS])
+    assert res.exit_code == 0, res.output
+    from spcli.profiles import resolve_score
+
+    resolved = resolve_score(ScoreConfig(lookahead=2), str(tiny_dir), tiny_dir, "self:2")  # the model's defaults filled in
+    score = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(resolved).items())
+    assert [line for line in res.output.splitlines() if line.startswith("INFO ")][:6] == [
+        "INFO inputs: 1 shard, 3 rows",
+        f"INFO model: {tiny_dir}, float32",
+        f"INFO speculator: self:2 ({score})",
+        "INFO keep: 0.3 (chunk 8, keep_first 4, keep_last 8, min_tokens 16)",
+        "INFO engine: hf, device cpu, batch size 8",
+        f"INFO output: {out} (parquet)",
+    ]
+
+
+def test_quiet_prints_nothing_but_the_result_not_even_loading_bars(tmp_path, tiny_dir, write_jsonl):
+    src = write_jsonl(prompt_rows(2))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "spcli", "-q", "run", str(src), "--out", str(out), "--model", str(tiny_dir), *ARGS]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", "no banner, progress or third-party loading bars"
+    assert proc.stdout.startswith("done: 2 rows (0 failed), ")
+
+
+def test_readme_output_table_lists_every_column_with_its_type():
+    import re
+
+    from spcli.io.schema import output_schema
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("**Output**", 1)[1].split("\n\n", 2)[1]
+    documented = {}
+    for names, types in re.findall(r"^\| (`[^|]+`) \| ([^|]+) \|", table, re.M):
+        names = re.findall(r"`([^`]+)`", names)
+        types = [t.strip() for t in types.split(",")]
+        documented.update(zip(names, types * len(names) if len(types) == 1 else types))
+    schema = output_schema(save_scores=True)
+    arrow = {"double": "float64", "float": "float32", "list<item: int32>": "list<int32>", "list<item: float>": "list<float32>"}
+    struct = lambda t: "list<struct>" if t.startswith("list<item: struct<") else t
+    assert documented == {f.name: struct(arrow.get(str(f.type), str(f.type))) for f in schema}

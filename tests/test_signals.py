@@ -72,6 +72,12 @@ def test_signal_commits_exits_75_and_resumes(tmp_path, tiny_dir, sig):
     assert f"spcli: interrupted: stopped by {sig.name} with 4 of {NUM_ROWS} rows committed; " \
            "run the same command again to resume" in stderr
     assert "Traceback" not in stderr
+    if sig == signal.SIGINT:  # a person waits: the batch in flight stops at its next safe point
+        said = ("SIGINT received: stopping the batch in flight at its next safe point (its rows are redone on "
+                "resume), committing the finished rows and exiting (resumable); press Ctrl-C again to stop at once")
+    else:  # Slurm gives a lead time: the batch in flight finishes
+        said = f"{sig.name} received: finishing the batch in flight, then committing and exiting (resumable)"
+    assert f"WARNING {said}\n" in stderr
     assert not (out / ".lock").exists(), "the lock is released"
     (doc,) = read_manifests(out)
     assert doc["summary"]["rows"] == 4 and not doc["finished"]
@@ -97,7 +103,36 @@ def test_second_ctrl_c_exits_at_once_without_committing_the_batch(tmp_path, tiny
     assert "spcli: interrupted: stopped at once by a second SIGINT (the batch in flight was dropped); " \
            "run the same command again to resume" in stderr
     assert not (out / ".lock").exists()
-    (doc,) = read_manifests(out)
-    assert doc["summary"]["rows"] == 0 and read_outputs(out) == []
+    assert read_manifests(out) == [], "nothing was committed, so no manifest was written"
     assert (out / "part-00000-00000.parquet").exists(), "renamed but never committed: it does not count"
     resume_and_check(args, out)
+
+
+def test_ctrl_c_stops_a_long_batch_at_its_next_safe_point(tmp_path, tiny_dir):
+    """The second batch decodes 3000 tokens per row (many seconds); a Ctrl-C 0.5 s into it stops between
+    decode steps: exit 75 within a few seconds, only the first batch committed, the rest redone on resume."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"s{i}", "prompt": f"signal test prompt number {i} " * 4,
+                                       "max_tokens": 2 if i < 4 else 3000}) + "\n" for i in range(8)))
+    out = tmp_path / "out"
+    args = [str(src), "--out", str(out), "--model", str(tiny_dir), *ARGS]
+    log = tmp_path / "stderr.log"
+    proc = start(args, log, pause=0.0)
+    wait_for_marker(proc, log)  # the first batch's part is renamed: the long batch starts now
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(120)
+    took = time.monotonic() - t0
+    stderr = log.read_text(errors="replace")
+    assert proc.returncode == 75, stderr
+    assert took < 5.0, f"took {took:.1f} s to stop"
+    assert "WARNING the batch in flight (4 rows) was dropped at a safe point; it is redone on resume" in stderr
+    assert "spcli: interrupted: stopped by SIGINT with 4 of 8 rows committed; run the same command again to resume" \
+        in stderr
+    assert sorted(r["id"] for r in read_outputs(out)) == ["s0", "s1", "s2", "s3"]
+    t1 = time.monotonic()
+    res = CliRunner().invoke(app, ["run", *args])  # the resume finishes the long batch
+    assert res.exit_code == 0, res.output
+    assert time.monotonic() - t1 > took, "the dropped batch takes longer than the stop did"
+    assert sorted(r["id"] for r in read_outputs(out)) == [f"s{i}" for i in range(8)]

@@ -63,8 +63,10 @@ def test_dry_run_prints_a_valid_script_and_writes_nothing(tmp_path, shards):
 
 @pytest.mark.parametrize("run_args, message", [
     (["--kep", "0.1"], "No such option: --kep"),
-    (["--keep", "abc"], "Invalid value for '--keep'"),
-    (["--keep", "2"], r"run options after --: --keep must be in \(0, 1\], got 2.0"),
+    (["--keep", "abc"], r"run options after --: --keep must be a number in \(0, 1\] or auto, got 'abc'"),
+    (["--keep", "2"], r"run options after --: --keep must be in \(0, 1\] or auto, got 2.0"),
+    (["--keep", "auto", "--keep-mass", "0"], r"run options after --: --keep-mass must be in \(0, 1\], got 0.0"),
+    (["--keep", "auto", "--keep-min", "0.6", "--keep-max", "0.5"], r"--keep-min \(0.6\) must not exceed --keep-max \(0.5\)"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--score-impl", "cuda"], "--score-impl must be auto, torch or triton"),
     (["--pool", "4"], "--pool must be an odd number"),

@@ -11,6 +11,37 @@ from spcli.benchmark.config import BenchConfig
 from spcli.errors import OutputError
 
 
+COLUMN_HELP = (  # `spcli bench --help` and the README explain the table's columns in these words
+    ("length", "prompt tokens"), ("batch", "prompts per batch"), ("keep", "the keep rate asked for"),
+    ("kept%", "prompt tokens actually kept"),
+    ("full s", "time to first token of full prefill, best of --repeats"),
+    ("spcli s", "time to first token with Speculative Prefill (speculator, scoring and selection included), best of --repeats"),
+    ("speedup", "full s / spcli s"),
+    ("limit", "1 / (kept fraction + speculator share): the speedup if the pruned prefill cost exactly kept x full"),
+    ("eff%", "speedup / limit"), ("spec%", "speculator, scoring and selection as a share of spcli s"),
+    ("prefill%", "the pruned base prefill as a share of spcli s"),
+    ("thru full/s", "prompts per second end to end (--max-tokens decoded) with full prefill"),
+    ("thru spcli/s", "the same with Speculative Prefill"),
+    ("QPS full", "simulated max queries per second within the TTFT limit (--ttft-limit), full prefill"),
+    ("QPS spcli", "the same with Speculative Prefill"),
+)
+MAX_SPREAD = 0.10  # per-repetition speedups further apart than this (relative to the median): a noisy machine
+
+
+def reliability_warnings(results: list[dict]) -> list[str]:
+    """Why a ratio may not be trusted: one timed repetition, or repetitions that disagree by more than 10%."""
+    warnings = []
+    if results and min(r["repeats"] for r in results) < 2:
+        warnings.append("one timed repetition: nothing shows how noisy this machine is; use --repeats 3 or more")
+    for r in results:
+        ratios = r["speedups"]
+        spread = (max(ratios) - min(ratios)) / r["speedup_median"] if len(ratios) > 1 and r["speedup_median"] else 0.0
+        if spread > MAX_SPREAD:
+            warnings.append(f"length {r['length']} keep {r['keep']}: per-repetition speedups spread {100 * spread:.0f}% "
+                            f"(over {100 * MAX_SPREAD:.0f}%): the machine is noisy, the ratio is unreliable")
+    return warnings
+
+
 def tag(model: str, speculator: str) -> str:
     clean = lambda s: re.sub(r"[^A-Za-z0-9.]+", "-", Path(s).name if os.sep in s else s).strip("-")
     return f"{clean(model)}_{clean(speculator)}"

@@ -16,8 +16,9 @@ HELP = (
     "With --id or --row: that row's prompt re-tokenised with the run's tokenizer; kept tokens shown normally, "
     "dropped ones dimmed, kept chunks shaded alternately, forced first/last tokens marked, and tokens tinted by "
     "importance when the run used --save-scores.\n\n"
-    "When stdout is not a terminal the prompt is written with plain markers instead: \\[kept chunk] .dropped. "
-    "{forced}; comparing, \\[kept in both] {A:only in A} {B:only in B} .in neither."
+    "When stdout is not a terminal the prompt is written with plain markers instead, brackets that prompts "
+    "practically never hold: ⟦kept chunk⟧ ⟮dropped⟯ ⟪forced⟫; comparing, ⟦kept in both⟧ ⟬A:only in A⟭ "
+    "⟬B:only in B⟭ ⟮in neither⟯."
 )
 
 
@@ -32,7 +33,7 @@ def register(app: typer.Typer) -> None:
         compare: Annotated[Optional[Path], typer.Option(metavar="DIR2", help="Another run's output directory: outputs side by side, whether they match, tokens kept in one and not the other.")] = None,
         width: Annotated[Optional[int], typer.Option(metavar="COLUMNS", help="Text width. Default: the terminal's.")] = None,
         color: Annotated[Optional[bool], typer.Option("--color/--no-color", help="Force styles on, or use no colours (bold/dim only). Default: styles on a terminal.", show_default=False)] = None,
-        plain: Annotated[bool, typer.Option("--plain", help="Plain text with \\[kept] .dropped. {forced} markers (default when piped).")] = False,
+        plain: Annotated[bool, typer.Option("--plain", help="Plain text with ⟦kept⟧ ⟮dropped⟯ ⟪forced⟫ markers (default when piped).")] = False,
         pager: Annotated[Optional[bool], typer.Option("--pager/--no-pager", help="Page long output through less. Default: when longer than the terminal.", show_default=False)] = None,
     ) -> None:
         from spcli.inspect import terminal

@@ -9,6 +9,7 @@ import math
 import os
 from pathlib import Path
 
+from spcli.evaluate.config import is_auto, policy_label
 from spcli.evaluate.summary import TASK_METRIC
 
 COLUMNS = (  # header, how to read it from a summary entry[, digits]
@@ -24,6 +25,27 @@ COLUMNS = (  # header, how to read it from a summary entry[, digits]
 )
 
 
+# The terminal table (fits 120 columns): CIs for accuracy and its paired difference, means for the rest;
+# every column with its CI is in results.json, report.html and markdown_table.
+COMPACT = ("acc", "acc-full", "EM16", "KL", "needle kept", "overlap/spec", "speedup")
+SHORT = {"needle kept": "needle", "overlap/spec": "overlap"}
+MIN_N = 30  # fewer examples per row: bootstrap CIs are too rough to compare selectors by
+COLUMN_HELP = (  # README and `spcli eval --help` explain the columns in these words
+    ("selector", "how tokens were chosen: full (full prefill, the reference), specprefill, random, recency, "
+                 "sink-recency, self-information"),
+    ("keep", "the keep rate asked for, or auto:P (keep auto with keep_mass P)"), ("n", "examples in the row"),
+    ("kept%", "prompt tokens actually kept (forced first/last tokens included)"),
+    ("acc", "task accuracy: the answer found in the output (all answers, when several are required)"),
+    ("acc-full", "paired difference of acc against full prefill on the same examples (0 = as good)"),
+    ("acc-spec", "paired difference against specprefill at the same keep (results.json / HTML only)"),
+    ("1st-tok", "first generated token equals full prefill's (results.json / HTML only)"),
+    ("EM16", "the first --compare-tokens greedy tokens equal full prefill's"),
+    ("KL", "KL divergence of the first-token distribution from full prefill's (0 = identical)"),
+    ("needle", "fraction of the needle's tokens kept (built-in tasks)"),
+    ("overlap", "Jaccard overlap of the kept set with specprefill's at the same keep"),
+    ("speedup", "full-prefill TTFT / this selector's TTFT (speculator included)"),
+)
+
 MARKERS = ("o", "s", "^", "v", "D", "x")
 STYLES = ("-", "--", "-.", ":", "-", "--")
 
@@ -34,34 +56,48 @@ def fmt(ci: dict | None, digits: int = 2) -> str:
     return f"{ci['mean']:.{digits}f} [{ci['lo']:.{digits}f},{ci['hi']:.{digits}f}]"
 
 
-def table_rows(summary: list[dict], task: str) -> list[list[str]]:
+def table_rows(summary: list[dict], task: str, compact: bool = False) -> list[list[str]]:
+    columns = [c for c in COLUMNS if c[0] in COMPACT] if compact else COLUMNS
     rows = []
     for e in summary:
         if e["task"] != task:
             continue
         if e["keep"] == 1.0 and e["selector"] != "full":
             continue  # identical to full prefill (every token kept); kept in results.json and the plots
-        rows.append([e["selector"], f"{e['keep']:.2f}", str(e["n"]), f"{100 * e['kept_fraction']['mean']:.1f}"]
-                    + [fmt(col[1](e), *col[2:]) for col in COLUMNS])
+        with_ci = not compact or columns is COLUMNS
+        rows.append([e["selector"], policy_label(e["keep"]), str(e["n"]), f"{100 * e['kept_fraction']['mean']:.1f}"]
+                    + [fmt(col[1](e), *col[2:]) if with_ci or col[0] in ("acc", "acc-full") else fmt_mean(col[1](e), *col[2:])
+                       for col in columns])
     return rows
 
 
-def headers() -> list[str]:
-    return ["selector", "keep", "n", "kept%"] + [col[0] for col in COLUMNS]
+def fmt_mean(ci: dict | None, digits: int = 2) -> str:
+    return "-" if not ci or ci["n"] == 0 or ci["mean"] is None or math.isnan(ci["mean"]) else f"{ci['mean']:.{digits}f}"
+
+
+def headers(compact: bool = False) -> list[str]:
+    names = [col[0] for col in COLUMNS if not compact or col[0] in COMPACT]
+    return ["selector", "keep", "n", "kept%"] + [SHORT.get(n, n) if compact else n for n in names]
 
 
 def text_table(summary: list[dict]) -> str:
+    """Per task: the compact table (at most 120 columns), then a warning when n is too small for the CIs."""
     out = []
     for task in dict.fromkeys(e["task"] for e in summary):
-        rows = [headers()] + table_rows(summary, task)
+        rows = [headers(compact=True)] + table_rows(summary, task, compact=True)
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         tokens = next(e["prompt_tokens"]["mean"] for e in summary if e["task"] == task)
-        out.append(f"task {task} (~{tokens:.0f} prompt tokens; mean [95% bootstrap CI]; acc-full, acc-spec: paired differences)")
+        out.append(f"task {task} (~{tokens:.0f} prompt tokens; acc, acc-full: mean [95% bootstrap CI], others: means)")
         for i, r in enumerate(rows):
             out.append("  ".join(c.ljust(w) if j < 1 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))
             if i == 0:
                 out.append("  ".join("-" * w for w in widths))
         out.append("")
+    smallest = min((e["n"] for e in summary), default=0)
+    if summary and smallest < MIN_N:
+        out.append(f"warning: n = {smallest} examples per row: 95% bootstrap CIs from fewer than {MIN_N} examples are rough")
+        out.append("         and wide; raise --samples before ranking selectors by them")
+    out.append("every column with its CI: results.json and report.html (--html); columns: spcli eval --help")
     return "\n".join(out)
 
 
@@ -78,9 +114,21 @@ def write_json(path: Path, results: dict) -> None:
 
 
 def _series(summary, task, selector, key, getter):
-    pts = sorted((e["keep"], getter(e)) for e in summary if e["task"] == task and e["selector"] == selector)
+    pts = sorted((e["keep"], getter(e)) for e in summary  # auto policies: points of their own (auto_points)
+                 if e["task"] == task and e["selector"] == selector and not is_auto(e["keep"]))
     pts = [(k, ci) for k, ci in pts if ci and ci["n"] and not math.isnan(ci["mean"])]
     return [k for k, _ in pts], [c["mean"] for _, c in pts], [c["lo"] for _, c in pts], [c["hi"] for _, c in pts]
+
+
+def auto_points(ax, summary, task, selector, getter, color) -> None:
+    """auto:P policies as stars with their CI, at their mean kept fraction."""
+    for e in summary:
+        ci = getter(e)
+        if e["task"] == task and e["selector"] == selector and is_auto(e["keep"]) and ci and ci["n"]:
+            x = e["kept_fraction"]["mean"]
+            ax.errorbar([x], [ci["mean"]], yerr=[[ci["mean"] - ci["lo"]], [ci["hi"] - ci["mean"]]], color=color,
+                        marker="*", markersize=11, ls="none", capsize=3)
+            ax.annotate(e["keep"], (x, ci["mean"]), textcoords="offset points", xytext=(5, 5), fontsize=7, color=color)
 
 
 def plot(summary: list[dict], out_dir: Path) -> list[Path]:
@@ -110,7 +158,8 @@ def plot(summary: list[dict], out_dir: Path) -> list[Path]:
                 if x:
                     line, = ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ls=STYLES[i % len(STYLES)], label=s)
                     ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15)
-            ax.set_xlabel("keep rate")
+                    auto_points(ax, summary, task, s, get, line.get_color())
+            ax.set_xlabel("keep rate (auto: its mean kept fraction)")
             ax.set_title(title)
             if not title.startswith("KL"):
                 ax.set_ylim(-0.05, 1.05)

@@ -35,6 +35,20 @@ class ComparedRow:
 
 
 @dataclass
+class RunTiming:
+    wall_s: float  # the run's wall time (every resumed run summed)
+    ttft_p50_s: float | None  # median time to first token over rows without error
+    speculate_s: float  # speculator time summed over rows
+
+
+def run_timing(run: RunOutputs) -> RunTiming:
+    from spcli.inspect.summary import summarize
+
+    s = summarize(run)
+    return RunTiming(s.wall_s, s.ttft_quantiles.get("p50"), s.speculate_s)
+
+
+@dataclass
 class Comparison:
     out_a: str
     out_b: str
@@ -43,6 +57,8 @@ class Comparison:
     rows: list[ComparedRow]  # ids in both runs, in run A's order
     num_only_in_a: int  # ids committed in A but not (yet) in B
     num_only_in_b: int
+    timing_a: RunTiming | None = None
+    timing_b: RunTiming | None = None
 
     @property
     def num_match(self) -> int:
@@ -55,7 +71,7 @@ def compare_runs(a: RunOutputs, b: RunOutputs) -> Comparison:
     ids_a = {r["id"] for r in rows_a}
     both = [ComparedRow(r["id"], r, rows_b[r["id"]]) for r in rows_a if r["id"] in rows_b]
     return Comparison(str(a.out), str(b.out), a.config.get("select", {}).get("keep"), b.config.get("select", {}).get("keep"),
-                      both, len(ids_a - rows_b.keys()), len(rows_b.keys() - ids_a))
+                      both, len(ids_a - rows_b.keys()), len(rows_b.keys() - ids_a), run_timing(a), run_timing(b))
 
 
 @dataclass

@@ -160,7 +160,7 @@ def document(title: str, sections: list[str]) -> str:
 
 
 CSS = """
-:root{--bg:#f6f7f9;--fg:#1c1e21;--muted:#6b7280;--line:#e3e5e8;--k0:#cfe0ff;--k1:#a9c6fb;--f:#ffd477;--d:#a3a7ae;
+:root{--bg:#f6f7f9;--fg:#1c1e21;--muted:#6b7280;--line:#e3e5e8;--k0:#bcd9ff;--k1:#c6efb9;--f:#ffd477;--d:#a3a7ae;
 --oa:#b8ecc0;--ob:#e3ccff;--accent:#1f3b67}
 *{box-sizing:border-box}body{margin:0;background:var(--bg);color:var(--fg);font:14px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif}
 header{background:var(--accent);color:#fff;padding:12px 24px;display:flex;gap:16px;align-items:baseline}

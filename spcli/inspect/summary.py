@@ -24,6 +24,15 @@ class ErrorGroup:
 
 
 @dataclass
+class ConfigPart:
+    """One configuration of the run's history and what it made."""
+
+    num_rows: int
+    parts: list[str]
+    differences: list[str]  # `key: first -> this` against the first configuration (empty for the first)
+
+
+@dataclass
 class Summary:
     out: str
     is_finished: bool
@@ -39,9 +48,33 @@ class Summary:
     keep_histogram: list[int] = field(default_factory=list)  # [KEEP_BINS] rows per 10% bin
     ttft_quantiles: dict[str, float] = field(default_factory=dict)  # p50, p90, p99, max, seconds
     speculate_s: float = 0.0  # summed over rows
+    prefill_s: float = 0.0  # base prefill, summed over batches
     wall_s: float = 0.0
     config: dict = field(default_factory=dict)  # model, speculator, keep, lookahead, chunk, pool, ...
     errors: list[ErrorGroup] = field(default_factory=list)  # most frequent first
+    configs: list[ConfigPart] = field(default_factory=list)  # every configuration that made parts, oldest first
+
+    @property
+    def keep_by_tokens(self) -> float | None:
+        """Kept / prompt tokens over every row: the prefill work actually done."""
+        return self.num_kept_tokens / self.num_prompt_tokens if self.num_prompt_tokens else None
+
+    @property
+    def prompt_tokens_per_s(self) -> float | None:
+        return self.num_prompt_tokens / self.wall_s if self.wall_s > 0 else None
+
+    @property
+    def speculator_share(self) -> float | None:
+        """The speculator's share of the run's wall time."""
+        return self.speculate_s / self.wall_s if self.wall_s > 0 else None
+
+    @property
+    def saved_prefill_s(self) -> float | None:
+        """Base prefill time the dropped tokens would have cost, at the measured base seconds per kept token
+        (linear: attention's quadratic part would make it larger)."""
+        if not self.num_kept_tokens or self.prefill_s <= 0:
+            return None
+        return self.prefill_s / self.num_kept_tokens * self.num_saved_tokens
 
     @property
     def num_saved_tokens(self) -> int:
@@ -52,17 +85,29 @@ class Summary:
         return self.num_saved_tokens / self.num_prompt_tokens if self.num_prompt_tokens else None
 
 
-def resolved_config(cfg: dict) -> dict:
-    """The settings that decide what was kept, flattened for display (in this order)."""
+def resolved_config(cfg: dict, fingerprint_fields: dict | None = None) -> dict:
+    """The settings that decide what was kept, flattened for display (in this order); the speculator by
+    the name it resolved to."""
+    from spcli.models import default_speculator
+
     select, score, gen = cfg.get("select", {}), cfg.get("score", {}), cfg.get("generate", {})
+    speculator = (cfg.get("speculator") or (fingerprint_fields or {}).get("speculator")
+                  or default_speculator(cfg.get("model") or ""))
     return {
-        "model": cfg.get("model"), "speculator": cfg.get("speculator") or "(model default)",
-        "engine": cfg.get("engine"), "keep": select.get("keep"), "lookahead": score.get("lookahead"),
+        "model": cfg.get("model"), "speculator": speculator,
+        "engine": cfg.get("engine"), "keep": select.get("keep"), **auto_keep(select), "lookahead": score.get("lookahead"),
         "chunk": select.get("chunk"), "pool": score.get("pool"), "keep_first": select.get("keep_first"),
         "keep_last": select.get("keep_last"), "min_tokens": select.get("min_tokens"),
         "max_tokens": gen.get("max_tokens"), "temperature": gen.get("temperature"),
         "save_scores": cfg.get("save_scores"),
     }
+
+
+def auto_keep(select: dict) -> dict:
+    """keep = auto: the settings of the per-prompt budget (the rates it chose are the keep-rate distribution)."""
+    if select.get("keep") != "auto":
+        return {}
+    return {k: select.get(k) for k in ("keep_mass", "keep_min", "keep_max")}
 
 
 def group_errors(messages: list[str]) -> list[ErrorGroup]:
@@ -95,6 +140,32 @@ def _pending(run: RunOutputs) -> int | None:
     return pending
 
 
+def batch_seconds(run: RunOutputs) -> float:
+    """Sum of the base prefill time, which each row stores for its whole batch: one value per run of equal
+    neighbours inside a part (a batch never spans two parts)."""
+    import pyarrow as pa
+
+    from spcli.inspect.outputs import _read_part
+
+    schema = pa.schema([pa.field("prefill_s", pa.float64()), pa.field("error", pa.string())])
+    total = 0.0
+    for part in run.parts:
+        t = _read_part(part, ["prefill_s", "error"], schema)
+        ok = np.array([e is None for e in t.column("error").to_pylist()], dtype=bool)
+        values = np.asarray(t.column("prefill_s").to_numpy(zero_copy_only=False), dtype=np.float64)[ok]
+        values = values[~np.isnan(values)]
+        if values.size:
+            total += float(values[np.concatenate([[True], values[1:] != values[:-1]])].sum())
+    return total
+
+
+def config_parts(run: RunOutputs) -> list[ConfigPart]:
+    """Each configuration of every manifest's history, with the rows and parts it made."""
+    from spcli.io.manifest import config_history
+
+    return [ConfigPart(c["rows"], c["parts"], c["differences"]) for c in config_history(run.manifests)]
+
+
 def summarize(run: RunOutputs) -> Summary:
     t = run.table(["num_prompt_tokens", "num_kept_tokens", "keep_rate", "ttft_s", "speculate_s", "error"])
     error = t.column("error").to_pylist()
@@ -116,7 +187,9 @@ def summarize(run: RunOutputs) -> Summary:
         keep_quantiles=_quantiles(keep, {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}),
         keep_histogram=np.bincount(bins, minlength=KEEP_BINS).tolist(),
         ttft_quantiles=_quantiles(ttft, {"p50": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}),
-        speculate_s=float(np.nansum(spec)), wall_s=max((m.get("wall_s", 0.0) for m in run.manifests), default=0.0),
-        config=resolved_config(run.config),
-        errors=group_errors([e for e in error if e is not None]),
+        speculate_s=float(np.nansum(spec)),
+        prefill_s=batch_seconds(run),
+        wall_s=max((m.get("wall_s", 0.0) for m in run.manifests), default=0.0),
+        config=resolved_config(run.config, run.fingerprint_fields),
+        errors=group_errors([e for e in error if e is not None]), configs=config_parts(run),
     )

@@ -1,7 +1,9 @@
 """Terminal rendering: the run summary, one row's kept/dropped prompt, and comparisons (rich or plain text).
 
-Plain mode (pipes, grep, diff) marks runs with ASCII instead of styles: `[kept chunk]`, `.dropped.`,
-`{forced}`; in a comparison `[kept in both]`, `{A:kept only in A}`, `{B:kept only in B}`, `.neither.`.
+Plain mode (pipes, grep, diff) marks runs with brackets that prompts practically never hold, instead of
+styles: `⟦kept chunk⟧`, `⟮dropped⟯`, `⟪forced⟫`; in a comparison `⟦kept in both⟧`, `⟬A:kept only in A⟭`,
+`⟬B:kept only in B⟭`, `⟮neither⟯`. (ASCII markers such as `[kept]` or `.dropped.` collided with the prompt's
+own brackets and periods.)
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ from spcli.inspect import compare as cmp
 from spcli.inspect.summary import KEEP_BINS, Summary
 from spcli.inspect.tokens import DROPPED, FORCED, KEPT, TokenView, importance_levels, split_runs, token_runs
 
-# Kept chunks alternate two shades so that chunk boundaries show; dropped text is dimmed.
-COLOR = {KEPT: ("bright_white on grey23", "bright_white on grey37"), FORCED: "bold black on #d7af5f", DROPPED: "grey50"}
+# Kept chunks alternate two hues so that chunk boundaries show; dropped text is dimmed. Named colours, so
+# that a 16-colour terminal (the default TERM) still shows two different codes.
+COLOR = {KEPT: ("black on bright_cyan", "black on bright_green"), FORCED: "bold black on #d7af5f", DROPPED: "grey50"}
 MONO = {KEPT: ("bold", "bold underline"), FORCED: "reverse", DROPPED: "dim"}  # --no-color: attributes only
 HEAT_KEPT = ("#ffffd7", "#ffffaf", "#ffff87", "#ffd787", "#ffaf87", "#ff8787", "#ff5f87", "#ff5f5f")  # backgrounds, black text
 HEAT_DROPPED = ("grey23", "grey27", "grey30", "grey35", "grey39", "grey42", "grey46", "grey50")  # foregrounds: still dim
 DIFF = {cmp.BOTH: "bright_white on grey30", cmp.ONLY_A: "black on #87d787", cmp.ONLY_B: "black on #d7afff", cmp.NEITHER: "grey50"}
 DIFF_MONO = {cmp.BOTH: "bold", cmp.ONLY_A: "bold underline", cmp.ONLY_B: "reverse", cmp.NEITHER: "dim"}
-PLAIN = {KEPT: "[{}]", FORCED: "{{{}}}", DROPPED: ".{}."}
-PLAIN_DIFF = {cmp.BOTH: "[{}]", cmp.ONLY_A: "{{A:{}}}", cmp.ONLY_B: "{{B:{}}}", cmp.NEITHER: ".{}."}
+PLAIN = {KEPT: "⟦{}⟧", FORCED: "⟪{}⟫", DROPPED: "⟮{}⟯"}
+PLAIN_DIFF = {cmp.BOTH: "⟦{}⟧", cmp.ONLY_A: "⟬A:{}⟭", cmp.ONLY_B: "⟬B:{}⟭", cmp.NEITHER: "⟮{}⟯"}
 
 
 def pct(x: float | None) -> str:
@@ -107,17 +110,35 @@ def summary_renderable(s: Summary) -> Table:
     t.add_row("rows", f"{s.num_rows} done, {s.num_failed} failed, {pending} pending "
                       f"(shards {s.num_shards_done}/{s.num_shards} done)")
     t.add_row("tokens", f"{s.num_prompt_tokens} prompt -> {s.num_kept_tokens} kept: prefill work saved "
-                        f"{s.num_saved_tokens} tokens ({pct(s.saved_fraction)})")
+                        f"{s.num_saved_tokens} tokens ({pct(s.saved_fraction)}), at the cost of speculator "
+                        f"{s.speculate_s:.1f} s ({pct(s.speculator_share)} of wall time)")
+    saved = s.saved_prefill_s
+    if saved is not None and s.speculate_s > saved:
+        t.add_row("", Text(f"the speculator cost more than it saved: {s.speculate_s:.1f} s of speculation vs about "
+                           f"{saved:.1f} s of base prefill saved (base s per kept token x dropped tokens)", style="yellow"))
+    elif saved is not None:
+        t.add_row("", f"about {saved:.1f} s of base prefill saved (base s per kept token x dropped tokens) "
+                      f"for {s.speculate_s:.1f} s of speculation")
     q = s.keep_quantiles
+    t.add_row("keep rate", f"by tokens {pct(s.keep_by_tokens)} (kept / prompt tokens over all rows)")
     if q:
-        t.add_row("keep rate", f"mean {pct(s.keep_mean)}, " + ", ".join(f"{k} {pct(v)}" for k, v in q.items()))
+        t.add_row("", f"by rows: mean {pct(s.keep_mean)}, " + ", ".join(f"{k} {pct(v)}" for k, v in q.items()))
         t.add_row("", keep_histogram(s.keep_histogram))
     if s.ttft_quantiles:
         t.add_row("TTFT", ", ".join(f"{k} {v:.3f} s" for k, v in s.ttft_quantiles.items()))
-    t.add_row("time", f"speculator {s.speculate_s:.1f} s summed over rows, run wall {s.wall_s:.1f} s")
+    rate = "-" if s.prompt_tokens_per_s is None else f"{s.prompt_tokens_per_s:.0f}"
+    t.add_row("time", f"wall {s.wall_s:.1f} s, {rate} prompt tokens/s; speculator {s.speculate_s:.1f} s, "
+                      f"base prefill {s.prefill_s:.1f} s (summed over rows and batches)")
     items = [f"{k} {v}" for k, v in s.config.items()]
+    label = "config" if len(s.configs) < 2 else "config (latest)"
     for i, group in enumerate((items[:3], items[3:10], items[10:])):  # models; selection and scoring; the rest
-        t.add_row("config" if i == 0 else "", ", ".join(group))
+        t.add_row(label if i == 0 else "", ", ".join(group))
+    if len(s.configs) > 1:
+        from spcli.io.manifest import history_lines
+
+        lines = history_lines([{"rows": c.num_rows, "parts": c.parts, "differences": c.differences} for c in s.configs])
+        for i, line in enumerate(lines):
+            t.add_row("history" if i == 0 else "", Text(line))
     if s.errors:
         for i, e in enumerate(s.errors):
             t.add_row("errors" if i == 0 else "", Text(f"{e.count} x {e.message}  (e.g. {e.example})"))
@@ -137,9 +158,17 @@ def keep_histogram(counts: list[int], width: int = 30) -> Text:
     return Text("\n".join(lines))
 
 
+def timing_text(t: cmp.RunTiming | None) -> str:
+    if t is None:
+        return ""
+    ttft = "-" if t.ttft_p50_s is None else f"{t.ttft_p50_s:.3f} s"
+    return f": wall {t.wall_s:.1f} s, TTFT p50 {ttft}, speculator {t.speculate_s:.1f} s"
+
+
 def comparison_table(c: cmp.Comparison, limit: int) -> Group:
     n = len(c.rows)
-    head = Text(f"A: {c.out_a} (keep {c.keep_a})\nB: {c.out_b} (keep {c.keep_b})\n"
+    head = Text(f"A: {c.out_a} (keep {c.keep_a}){timing_text(c.timing_a)}\n"
+                f"B: {c.out_b} (keep {c.keep_b}){timing_text(c.timing_b)}\n"
                 f"{n} ids in both, outputs match for {c.num_match} ({pct(c.num_match / n if n else None)}); "
                 f"{c.num_only_in_a} only in A, {c.num_only_in_b} only in B")
     t = Table(show_lines=False)

@@ -158,6 +158,7 @@ class Committer:
             if self.output_format == "openai":
                 prog.openai_parts.append(names[1])
             prog.next_row = self.next_row
+            self.manifest.record_parts(names, self.counts.rows)
             self.counts.into(prog)
         if prog is not None and done:
             prog.done = True
@@ -166,6 +167,16 @@ class Committer:
         self.taken.update(names)
         self.tables, self.lines, self.nbytes, self.counts, self.shard = [], [], 0, _Counts(), None
         self._last = time.monotonic()
+
+    @property
+    def has_rows(self) -> bool:
+        """Rows are buffered, waiting for a commit."""
+        return self.counts.rows > 0
+
+    @property
+    def elapsed_s(self) -> float:
+        """Wall time of this run so far (the manifest's wall_s adds every earlier run's)."""
+        return time.perf_counter() - self._t0
 
     def save(self, finished: bool | None = None) -> None:
         self.manifest.wall_s = self._wall_base + time.perf_counter() - self._t0

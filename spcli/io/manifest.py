@@ -4,6 +4,10 @@
 the fingerprint of everything that changes outputs, and per shard: the next row to read and the
 committed part files. Readers merge every `manifest*.json` in the directory. A part file that no
 manifest lists does not exist.
+
+History is never rewritten: `configs` lists every configuration that committed parts here (a
+`--force` run with another configuration appends one), each with the parts and rows it made. The
+top-level `config` and fingerprint are the latest one's: what a resume must match.
 """
 
 from __future__ import annotations
@@ -71,6 +75,12 @@ def describe_difference(old: dict | list, new: dict | list, prefix: str = "") ->
     return diffs
 
 
+def config_entry(config: dict, fingerprint_fields: dict) -> dict:
+    """One configuration of the directory's history: what it was, and the parts and rows it made."""
+    return {"fingerprint": fingerprint(fingerprint_fields), "config": config, "fingerprint_fields": fingerprint_fields,
+            "started": time.time(), "parts": [], "rows": 0}
+
+
 @dataclass
 class Manifest:
     path: Path
@@ -81,10 +91,29 @@ class Manifest:
     started: float = field(default_factory=time.time)
     wall_s: float = 0.0
     finished: bool = False
+    configs: list[dict] = field(default_factory=list)  # config_entry()s, oldest first; the last is `config`
+
+    def __post_init__(self) -> None:
+        if not self.configs:
+            entry = config_entry(self.config, self.fingerprint_fields)
+            entry["parts"] = [p for _, s in sorted(self.shards.items()) for p in s.parts]
+            entry["rows"] = sum(s.rows for s in self.shards.values())
+            self.configs.append(entry)
 
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.fingerprint_fields)
+
+    def use_config(self, config: dict, fingerprint_fields: dict) -> None:
+        """Parts committed from now on are made with this configuration (the earlier ones keep theirs)."""
+        self.config, self.fingerprint_fields = config, fingerprint_fields
+        if self.configs[-1]["fingerprint"] != fingerprint(fingerprint_fields):
+            self.configs.append(config_entry(config, fingerprint_fields))
+
+    def record_parts(self, names: list[str], rows: int) -> None:
+        """Committed parts (spcli-schema first) and their rows, made by the latest configuration."""
+        self.configs[-1]["parts"].append(names[0])
+        self.configs[-1]["rows"] += rows
 
     def committed_parts(self) -> set[str]:
         return {p for s in self.shards.values() for p in (*s.parts, *s.openai_parts)}
@@ -106,7 +135,7 @@ class Manifest:
             "version": MANIFEST_VERSION, "spcli_version": __version__, "fingerprint": self.fingerprint,
             "fingerprint_fields": self.fingerprint_fields, "config": self.config, "task": self.task,
             "started": self.started, "updated": time.time(), "wall_s": self.wall_s, "finished": self.finished,
-            "summary": self.totals(),
+            "summary": self.totals(), "configs": self.configs,
             "shards": {str(i): vars(p) for i, p in sorted(self.shards.items())},
         }
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2)
@@ -120,7 +149,8 @@ class Manifest:
             doc = orjson.loads(path.read_bytes())
             shards = {int(i): ShardProgress.from_doc(p) for i, p in doc["shards"].items()}
             return cls(path, doc["config"], doc["fingerprint_fields"], shards, doc.get("task"),
-                       doc.get("started", time.time()), doc.get("wall_s", 0.0), doc.get("finished", False))
+                       doc.get("started", time.time()), doc.get("wall_s", 0.0), doc.get("finished", False),
+                       list(doc.get("configs") or []))
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise OutputError(f"{path}: manifest is unreadable ({type(e).__name__}: {e}); rerun with --fresh to start over") from e
 
@@ -138,6 +168,32 @@ def read_manifests(out: Path) -> list[dict]:
         except (OSError, orjson.JSONDecodeError):
             continue
     return docs
+
+
+def config_history(docs: list[dict]) -> list[dict]:
+    """Every configuration that committed parts, over all manifests (merged by fingerprint), oldest first:
+    {rows, parts, differences} with differences as `key: first -> this` against the first one."""
+    entries = [e for d in docs for e in (d.get("configs") or [])]
+    if not entries:
+        return []
+    first = entries[0].get("fingerprint_fields", {})
+    merged: dict[str, dict] = {}
+    for e in entries:
+        item = merged.setdefault(e.get("fingerprint", ""), {
+            "rows": 0, "parts": [], "differences": describe_difference(first, e.get("fingerprint_fields", {}))})
+        item["rows"] += e.get("rows", 0)
+        item["parts"] += e.get("parts", [])
+    return [c for c in merged.values() if c["parts"]]
+
+
+def history_lines(history: list[dict]) -> list[str]:
+    """One line per configuration, for `inspect` and `status` (only worth showing when there are several)."""
+    lines = []
+    for i, c in enumerate(history):
+        n = len(c["parts"])
+        what = "; ".join(c["differences"]) if c["differences"] else "the first configuration"
+        lines.append(f"{i + 1}: {c['rows']} rows in {n} part{'' if n == 1 else 's'} (from {c['parts'][0]}): {what}")
+    return lines
 
 
 class WriterLock:

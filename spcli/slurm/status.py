@@ -19,11 +19,11 @@ Exit codes: 0 every task done; 3 not done yet (running, waiting, unknown); 4 a t
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from spcli.errors import OutputError
-from spcli.io.manifest import read_manifests
+from spcli.io.manifest import config_history, history_lines, read_manifests
 from spcli.slurm import query
 from spcli.slurm.script import Attempt, read_attempts
 from spcli.slurm.submit import read_submissions
@@ -59,6 +59,7 @@ class RunStatus:
     job_id: str | None
     slurm: bool  # squeue/sacct answered
     tasks: list[TaskStatus]
+    configs: list[dict] = field(default_factory=list)  # config_history: every configuration that made parts
 
     @property
     def phase(self) -> str:
@@ -79,7 +80,8 @@ class RunStatus:
 
     def to_dict(self) -> dict:
         return {"out": self.out, "job_id": self.job_id, "slurm": self.slurm, "phase": self.phase,
-                "exit_code": self.exit_code, **self.totals(), "tasks": [asdict(t) for t in self.tasks]}
+                "exit_code": self.exit_code, **self.totals(), "tasks": [asdict(t) for t in self.tasks],
+                "configs": self.configs}
 
 
 def collect(out, ask_slurm: bool = True) -> RunStatus:
@@ -109,7 +111,7 @@ def collect(out, ask_slurm: bool = True) -> RunStatus:
         own = sub.task_shards(i) if sub and i is not None else _own_shards(doc) if doc else None
         state = None if states is None or i is None else states.get(i)
         tasks.append(_task(out, job_id, i, own, progress, doc, attempts.get(i, []), state))
-    return RunStatus(str(out), job_id, states is not None, tasks)
+    return RunStatus(str(out), job_id, states is not None, tasks, config_history(docs))
 
 
 def _own_shards(doc: dict) -> list[str]:
@@ -239,6 +241,9 @@ def render(status: RunStatus) -> str:
     widths = [max(len(r[c]) for r in rows) for c in range(len(header) - 1)]
     for r in rows:
         lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)) + ("  " + r[-1] if r[-1] else ""))
+    if len(status.configs) > 1:
+        lines.append("parts made with different configurations:")
+        lines += [f"  {line}" for line in history_lines(status.configs)]
     meaning = {EXIT_DONE: "done", EXIT_NOT_DONE: "not done yet", EXIT_FAILED: "failed"}[status.exit_code]
     lines.append(f"{meaning} (exit {status.exit_code})")
     return "\n".join(line.rstrip() for line in lines)
