@@ -21,8 +21,26 @@ app = typer.Typer(
 STATE = {"debug": False}
 
 
+def _flag_type(self, ctx):
+    """No `<bool>` after a flag: a flag takes no value (typer shows its type for every option)."""
+    return None if self.is_flag else _option_type(self, ctx)
+
+
+_option_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = _flag_type
+
+
+def _version(value: bool) -> None:
+    if value:
+        from spcli import __version__
+
+        typer.echo(f"spcli {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors; no progress.")] = False,
@@ -41,8 +59,13 @@ def run(
     out: Annotated[str, typer.Option("--out", "-o", help="Output directory (created; resumed when it exists).")],
     model: Annotated[str, typer.Option(help="Model name (see `spcli models`), local folder or cached HF id.")] = "smollm2-135m",
     speculator: Annotated[Optional[str], typer.Option(help="Speculator model, or self:K = the base model's first K layers. Default: the model's.")] = None,
-    keep: Annotated[float, typer.Option(help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill.")] = 0.1,
-    lookahead: Annotated[int, typer.Option(help="Greedy look-ahead tokens of the speculator (N+1 query rows score).")] = 8,
+    keep: Annotated[str, typer.Option(metavar="FLOAT|auto", help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill; auto = per prompt, from --keep-mass within --keep-min..--keep-max.")] = "0.1",
+    keep_mass: Annotated[float, typer.Option(help="--keep auto: keep the fewest best chunks holding this share of the importance mass.")] = 0.9,
+    keep_min: Annotated[float, typer.Option(help="--keep auto: the least fraction of a prompt kept.")] = 0.05,
+    keep_max: Annotated[float, typer.Option(help="--keep auto: the most fraction of a prompt kept.")] = 0.5,
+    lookahead: Annotated[Optional[int], typer.Option(help="Greedy look-ahead tokens of the speculator, each a query row (the paper: 8). A truncated self:K decodes poor look-ahead tokens. Default: the model's (see README).")] = None,
+    window: Annotated[Optional[int], typer.Option(help="The last W prompt tokens' queries score, each over the keys up to its own position; 0 = the last token only. Default: the model's.")] = None,
+    score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score: all, I, I-J or I,J,... (negatives from the end). Without look-ahead the speculator stops after the last one. Default: the model's.")] = None,
     chunk: Annotated[int, typer.Option(help="Tokens per selection chunk.")] = 32,
     pool: Annotated[int, typer.Option(help="Average-pool kernel over token scores (odd; 1 = none).")] = 13,
     keep_first: Annotated[int, typer.Option(help="First tokens always kept (attention sink).")] = 4,
@@ -51,6 +74,7 @@ def run(
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate per row (a record's max_tokens overrides).")] = 64,
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,
+    logprobs: Annotated[int, typer.Option(help="Per generated token, its logprob and the top N alternatives (column `logprobs`); 0 = off.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Rows per batch (and per committed part).")] = 8,
     dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
     engine: Annotated[str, typer.Option(help="hf (transformers) or vllm.")] = "hf",
@@ -84,9 +108,10 @@ def run(
         inputs=tuple(inputs), out=out, model=model, speculator=speculator, engine=engine, dtype=dtype, device=device,
         batch_size=batch_size, output_format=output_format, save_scores=save_scores, truncate=truncate,
         max_record_bytes=max_record_bytes, commit_interval=commit_interval, fresh=fresh, force=force,
-        select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens),
-        score=ScoreConfig(lookahead=lookahead, pool=pool, impl=score_impl),
-        generate=GenerateConfig(max_tokens=max_tokens, temperature=temperature, seed=seed),
+        select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
+                            keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max),
+        score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, impl=score_impl),
+        generate=GenerateConfig(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=logprobs),
         fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),
         vllm=VllmConfig(tp=tp, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                         max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager),
@@ -98,22 +123,29 @@ def run(
             raise
         typer.echo(f"spcli: interrupted: {e}", err=True)
         sys.exit(EXIT_INTERRUPTED)  # not typer.Exit: click returns its code under standalone_mode=False
+    if s.nothing_to_do:
+        typer.echo(f"nothing to do: {s.rows} rows already done; outputs in {s.out}")
+        return
     kept = 100.0 * s.kept_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
+    resumed = "" if s.rows_this_run == s.rows else f" (this run: {s.rows_this_run} rows)"
     typer.echo(
         f"done: {s.rows} rows ({s.failed} failed), prompt tokens {s.prompt_tokens}, kept {s.kept_tokens} ({kept:.1f}%), "
-        f"{s.wall_s:.1f} s; outputs in {s.out}"
+        f"{s.wall_this_run_s:.1f} s{resumed}; outputs in {s.out}"
     )
 
 
 @app.command()
 def models() -> None:
     """List model names, what they resolve to, and whether their weights are on this machine."""
-    from spcli.models import PRESETS, is_available
+    from spcli.models import BENCH_PAIR, PRESETS, is_available
 
     typer.echo(f"{'name':<16} {'source':<42} {'speculator':<12} {'tp':>2} {'dtype':<13} available")
     for p in PRESETS.values():
         dtype = p.dtype + ("/" + p.quantization if p.quantization else "")
         typer.echo(f"{p.name:<16} {p.source:<42} {p.speculator:<12} {p.tp:>2} {dtype:<13} {'yes' if is_available(p.name) else 'no'}")
+    built = "yes (built on first use)" if is_available("smollm2-135m") else "no (needs smollm2-135m's tokenizer)"
+    for name, speculator in BENCH_PAIR.items():  # `spcli bench`'s random-weight pair
+        typer.echo(f"{name:<16} {'random weights from a config (spcli bench)':<42} {speculator:<12} {1:>2} {'bfloat16':<13} {built}")
 
 
 def _register_commands() -> None:

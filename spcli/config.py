@@ -7,6 +7,7 @@ Everything that changes outputs is part of `RunConfig.fingerprint_fields()`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from spcli.errors import ConfigError
@@ -22,36 +23,117 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+AUTO = "auto"  # keep = auto: a per-prompt budget from the importance itself (keep_mass, keep_min, keep_max)
+
+
+def parse_keep(text: str | float, flag: str = "--keep") -> float | str:
+    """A keep rate: a number in (0, 1] or "auto"; a clear error naming the flag otherwise."""
+    if isinstance(text, str) and text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        if isinstance(text, bool):
+            raise TypeError
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} must be a number in (0, 1] or auto, got {text!r}") from None
+    _check(0.0 < value <= 1.0, f"{flag} must be in (0, 1] or auto, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class SelectConfig:
-    """Which prompt tokens the base model prefills (DESIGN.md steps 6-8)."""
+    """Which prompt tokens the base model prefills (DESIGN.md steps 7-9)."""
 
-    keep: float = 0.1  # fraction of prompt tokens kept; 1.0 = full prefill, no speculator
+    keep: float | str = 0.1  # fraction of prompt tokens kept; 1.0 = full prefill, no speculator; "auto" = per prompt
     chunk: int = 32  # tokens per chunk; chunks are kept or dropped whole
     keep_first: int = 4  # attention sink / BOS, always kept
     keep_last: int = 64  # question + generation prompt, always kept
     min_tokens: int = 256  # prompts shorter than this are not pruned
+    keep_mass: float = 0.9  # keep = auto: the fewest best chunks holding this share of the importance mass ...
+    keep_min: float = 0.05  # ... but at least this fraction of the prompt ...
+    keep_max: float = 0.5  # ... and at most this one
 
     def __post_init__(self) -> None:
-        _check(0.0 < self.keep <= 1.0, f"--keep must be in (0, 1], got {self.keep}")
+        object.__setattr__(self, "keep", parse_keep(self.keep))  # the flag's text ("0.1", "auto") or a number
         _check(self.chunk >= 1, f"--chunk must be >= 1, got {self.chunk}")
         _check(self.keep_first >= 0, f"--keep-first must be >= 0, got {self.keep_first}")
         _check(self.keep_last >= 0, f"--keep-last must be >= 0, got {self.keep_last}")
         _check(self.min_tokens >= 0, f"--min-tokens must be >= 0, got {self.min_tokens}")
+        _check(0.0 < self.keep_mass <= 1.0, f"--keep-mass must be in (0, 1], got {self.keep_mass}")
+        _check(0.0 < self.keep_min <= 1.0, f"--keep-min must be in (0, 1], got {self.keep_min}")
+        _check(0.0 < self.keep_max <= 1.0, f"--keep-max must be in (0, 1], got {self.keep_max}")
+        _check(self.keep_min <= self.keep_max, f"--keep-min ({self.keep_min}) must not exceed --keep-max ({self.keep_max})")
+
+    @property
+    def prunes(self) -> bool:
+        """Whether prompts (of at least min_tokens) go through the speculator at this keep."""
+        return self.keep == AUTO or self.keep < 1.0
 
 
 @dataclass(frozen=True)
 class ScoreConfig:
-    """How the speculator scores tokens (DESIGN.md steps 1-5)."""
+    """How the speculator scores tokens (DESIGN.md steps 1-6).
 
-    lookahead: int = 8  # greedy tokens decoded past the prompt; lookahead + 1 query rows score
+    window, lookahead and score_layers may be None: the model's default (a calibrate profile, else
+    its preset, else the paper's recipe `PAPER_SCORE`); `spcli.profiles.resolve_score` fills them.
+    """
+
+    lookahead: int | None = None  # greedy tokens decoded past the prompt; each adds a query row
+    window: int | None = None  # the last W prompt tokens' queries score, each causally; 0 = the last token only
+    score_layers: str | None = None  # all | I | I-J | I,J,... (the speculator's layers; negatives from the end)
     pool: int = 13  # average-pool kernel along the token axis; 1 = no smoothing
     impl: str = "auto"  # scoring kernel: auto | torch | triton
 
     def __post_init__(self) -> None:
-        _check(self.lookahead >= 0, f"--lookahead must be >= 0, got {self.lookahead}")
+        _check(self.lookahead is None or self.lookahead >= 0, f"--lookahead must be >= 0, got {self.lookahead}")
+        _check(self.window is None or self.window >= 0, f"--window must be >= 0, got {self.window}")
+        if self.score_layers is not None:
+            parse_layers(self.score_layers)
         _check(self.pool >= 1 and self.pool % 2 == 1, f"--pool must be an odd number >= 1, got {self.pool}")
         _check(self.impl in ("auto", "torch", "triton"), f"--score-impl must be auto, torch or triton, got {self.impl!r}")
+
+    @property
+    def is_resolved(self) -> bool:
+        return None not in (self.lookahead, self.window, self.score_layers)
+
+    @property
+    def num_prompt_rows(self) -> int:
+        """Query rows from the prompt itself: the last `window` tokens, at least the last one."""
+        return max(1, self.window or 0)
+
+    def layers(self, num_layers: int) -> list[int]:
+        """The scored layers' indices, ascending, for a speculator of num_layers layers."""
+        assert self.score_layers is not None, "resolve the score configuration first"
+        return resolve_layers(self.score_layers, num_layers)
+
+
+PAPER_SCORE = {"lookahead": 8, "window": 0, "score_layers": "all"}  # Speculative Prefill's recipe
+
+
+def parse_layers(spec: str) -> list[tuple[int, int]] | None:
+    """'all' -> None; 'I', 'I-J', 'I,J,K-L' -> inclusive (start, end) ranges (negatives count from the end)."""
+    if spec.strip().lower() == "all":
+        return None
+    ranges = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(-?\d+)(?:-(-?\d+))?\s*", part)
+        _check(m is not None, f"--score-layers must be all, I, I-J or a list such as 3,5-7 (negatives from the end), "
+                              f"got {spec!r}")
+        ranges.append((int(m[1]), int(m[2] if m[2] is not None else m[1])))
+    return ranges
+
+
+def resolve_layers(spec: str, num_layers: int) -> list[int]:
+    ranges = parse_layers(spec)
+    if ranges is None:
+        return list(range(num_layers))
+    out = set()
+    for a, b in ranges:
+        a, b = (a + num_layers if a < 0 else a), (b + num_layers if b < 0 else b)
+        _check(0 <= a <= b < num_layers,
+               f"--score-layers {spec!r} names layers outside 0..{num_layers - 1} (the speculator has {num_layers})")
+        out.update(range(a, b + 1))
+    return sorted(out)
 
 
 @dataclass(frozen=True)
@@ -61,9 +143,11 @@ class GenerateConfig:
     max_tokens: int = 64
     temperature: float = 0.0  # 0 = greedy
     seed: int = 0  # sampling seed; each row draws from its own generator seeded by (seed, id)
+    logprobs: int = 0  # top alternatives per generated token in the output; 0 = no logprobs
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
+        _check(0 <= self.logprobs <= 20, f"--logprobs must be in [0, 20], got {self.logprobs}")
         _check(self.temperature >= 0.0, f"--temperature must be >= 0, got {self.temperature}")
 
 

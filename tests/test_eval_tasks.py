@@ -44,3 +44,12 @@ def test_unknown_task_and_bad_length_are_clear_errors(tokenizer):
         generate("nope", tokenizer, 1024, 1, 0)
     with pytest.raises(ConfigError, match="length"):
         generate("niah", tokenizer, 10, 1, 0)
+
+
+def test_scatter_puts_one_value_in_each_slice_of_the_prompt(tokenizer):
+    for ex in generate("niah-scatter", tokenizer, 2048, 3, seed=0):
+        text = ex.messages[-1]["content"]
+        at = [text.index(n) / len(text) for n in ex.needles]
+        assert len(ex.answers) == len(set(ex.answers)) == 8 and ex.require_all
+        assert at == sorted(at) and at[0] < 0.2 and at[-1] > 0.8
+        assert all(0.05 < b - a < 0.25 for a, b in zip(at, at[1:]))  # spread out, not clustered

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from spcli.config import SelectConfig
-from spcli.engine.select import budget, is_pruned, select_tokens
+from spcli.engine.select import auto_budget, budget, is_pruned, select_tokens
 
 
 def cfg(**kw):
@@ -83,3 +83,88 @@ def test_config_rejects_bad_values(bad):
 
     with pytest.raises(ConfigError):
         SelectConfig(**bad)
+
+
+def auto(**kw):
+    return cfg(**{"keep": "auto", "keep_mass": 0.9, "keep_min": 0.1, "keep_max": 0.5, **kw})
+
+
+def test_auto_concentrated_scores_keep_the_minimum():
+    imp = torch.zeros(80)
+    imp[40:44] = 1.0  # one chunk holds all the mass: 4 tokens, below keep_min
+    kept = select_tokens(imp, auto())
+    assert kept.numel() == 8  # ceil(0.1 * 80)
+    assert {40, 41, 42, 43} <= set(kept.tolist())
+    assert auto_budget(imp, auto()) == 8
+
+
+def test_auto_flat_scores_keep_the_maximum():
+    assert select_tokens(torch.ones(80), auto()).numel() == 40  # 90% of chunks wanted, keep_max 0.5
+    assert select_tokens(torch.zeros(80), auto()).numel() == 40  # no mass at all counts as flat
+
+
+def test_auto_between_bounds_takes_the_fewest_chunks_reaching_the_mass():
+    imp = torch.full((80,), 0.01)  # 20 chunks of 4; mass 0.04 each ...
+    imp[8:12], imp[32:36], imp[60:64] = 0.2, 0.1, 0.05  # ... but chunks 2, 8, 15: 0.8, 0.4, 0.2
+    c = lambda mass: auto(keep_mass=mass, keep_min=0.01, keep_max=1.0)
+    total = float(imp.double().sum())  # 0.8 + 0.4 + 0.2 + 17 * 0.04 = 2.08
+    assert auto_budget(imp, c(0.8 / total)) == 4
+    assert auto_budget(imp, c(0.8 / total + 1e-6)) == 8
+    assert auto_budget(imp, c(1.4 / total)) == 12
+    assert select_tokens(imp, c(1.2 / total)).tolist() == [8, 9, 10, 11, 32, 33, 34, 35]
+    assert auto_budget(imp, c(1.0)) == 80
+
+
+def test_auto_mass_exactly_reached_stops_there():
+    imp = torch.tensor([0.5] * 4 + [0.4] * 4 + [0.1] * 4 + [0.0] * 4)
+    c = auto(keep_mass=0.9, keep_min=0.01, keep_max=1.0)  # 0.5 + 0.4 of 1.0: exactly 0.9 after two chunks
+    assert auto_budget(imp, c) == 8
+    assert select_tokens(imp, c).tolist() == list(range(8))
+
+
+def test_auto_bounds_clamp_the_budget():
+    imp = torch.zeros(100)
+    imp[50:54] = 1.0
+    assert select_tokens(imp, auto(keep_min=0.3, keep_max=0.6)).numel() == 30
+    assert select_tokens(torch.rand(100) + 1.0, auto(keep_min=0.05, keep_max=0.2)).numel() == 20
+    assert select_tokens(torch.ones(100), auto(keep_min=1.0, keep_max=1.0)).numel() == 100
+
+
+def test_auto_counts_forced_tokens_and_leaves_them_out_of_the_mass():
+    imp = torch.zeros(80)
+    imp[:4] = 100.0  # forced sink: a huge score that must not decide the mass
+    imp[76:] = 100.0  # forced tail
+    imp[40:44] = 1.0  # the only free mass: one chunk
+    c = auto(keep_first=4, keep_last=4, keep_min=0.05)
+    assert auto_budget(imp, c) == 12  # 8 forced + chunk 10's 4 tokens
+    kept = select_tokens(imp, c)
+    assert kept.tolist() == [0, 1, 2, 3, 40, 41, 42, 43, 76, 77, 78, 79]
+    # forced tokens alone above keep_max: they are kept and nothing else
+    assert select_tokens(imp, auto(keep_first=8, keep_last=8, keep_max=0.1)).numel() == 16
+
+
+def test_auto_is_pruned_but_not_below_min_tokens():
+    assert is_pruned(80, auto())
+    assert not is_pruned(80, auto(min_tokens=81))
+    assert select_tokens(torch.rand(80), auto(min_tokens=81)).tolist() == list(range(80))
+    assert is_pruned(80, cfg(keep=1.0), keep="auto")  # a record's own keep wins
+    assert select_tokens(torch.ones(80), cfg(keep=0.1), keep="auto").numel() == 40
+
+
+@pytest.mark.parametrize("bad", [dict(keep="half"), dict(keep="auto", keep_mass=0.0), dict(keep_mass=1.5),
+                                 dict(keep_min=0.0), dict(keep_max=1.2), dict(keep_min=0.6, keep_max=0.5)])
+def test_config_rejects_bad_auto_values(bad):
+    from spcli.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        SelectConfig(**bad)
+
+
+def test_parse_keep():
+    from spcli.config import parse_keep
+    from spcli.errors import ConfigError
+
+    assert parse_keep("auto") == "auto" and parse_keep("AUTO") == "auto" and parse_keep("0.25") == 0.25
+    for bad in ("0", "1.5", "x", ""):
+        with pytest.raises(ConfigError, match="--keep"):
+            parse_keep(bad)

@@ -1,4 +1,4 @@
-"""Selection: which prompt tokens the base model prefills (DESIGN.md steps 6-8).
+"""Selection: which prompt tokens the base model prefills (DESIGN.md steps 7-9).
 
 Pure function of an importance vector; no model, no IO.
 """
@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from spcli.config import SelectConfig
+from spcli.config import AUTO, SelectConfig
 
 
 def budget(n: int, keep: float) -> int:
@@ -26,37 +26,80 @@ def forced_mask(n: int, cfg: SelectConfig) -> torch.Tensor:
     return mask
 
 
-def is_pruned(n: int, cfg: SelectConfig, keep: float | None = None) -> bool:
-    """Whether a prompt of n tokens goes through the speculator at all."""
+def is_pruned(n: int, cfg: SelectConfig, keep: float | str | None = None) -> bool:
+    """Whether a prompt of n tokens goes through the speculator at all (keep = auto: whenever keep_min
+    could drop a token)."""
     keep = cfg.keep if keep is None else keep
-    return keep < 1.0 and n >= cfg.min_tokens and budget(n, keep) < n
+    if n < cfg.min_tokens:
+        return False
+    if keep == AUTO:
+        return budget(n, cfg.keep_min) < n
+    return keep < 1.0 and budget(n, keep) < n
 
 
-def select_tokens(importance: torch.Tensor, cfg: SelectConfig, keep: float | None = None) -> torch.Tensor:
+def chunk_scores(importance: torch.Tensor, chunk: int) -> torch.Tensor:
+    """[num_chunks] float32: each chunk's mean importance (the last chunk may be shorter)."""
+    n = importance.shape[0]
+    num_chunks = math.ceil(n / chunk)
+    padded = torch.zeros(num_chunks * chunk, dtype=torch.float32)
+    padded[:n] = importance.float()
+    counts = torch.full((num_chunks,), float(chunk))
+    counts[-1] = n - (num_chunks - 1) * chunk
+    return padded.view(num_chunks, chunk).sum(dim=1) / counts
+
+
+MASS_TOLERANCE = 1e-9  # a share that reaches keep_mass up to float rounding counts as reached
+
+
+def auto_budget(importance: torch.Tensor, cfg: SelectConfig) -> int:
+    """keep = auto: the tokens kept for this prompt (DESIGN.md step 8).
+
+    Over the tokens that are not forced, chunk c's mass is the sum of their importance; chunks ranked by
+    it (ties: the earlier first), the fewest whose share of the total mass reaches keep_mass are taken.
+    The budget is the forced tokens plus those chunks' free tokens, clamped to
+    [ceil(keep_min * n), ceil(keep_max * n)]. Concentrated importance gives the minimum, flat importance
+    the maximum; no mass at all (every score 0) counts as flat.
+    """
+    n = importance.shape[0]
+    forced = forced_mask(n, cfg)
+    free = (~forced).double()  # [n]
+    scores = importance.double().clamp(min=0.0) * free
+    num_chunks = math.ceil(n / cfg.chunk)
+    pad = num_chunks * cfg.chunk - n
+    mass = torch.nn.functional.pad(scores, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)  # [num_chunks]
+    sizes = torch.nn.functional.pad(free, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)  # free tokens per chunk
+    lo, hi = budget(n, cfg.keep_min), budget(n, cfg.keep_max)
+    total = float(mass.sum())
+    if total <= 0.0:
+        return hi
+    order = torch.sort(-mass, stable=True).indices
+    share = torch.cumsum(mass[order], dim=0) / total  # [num_chunks]
+    num_taken = int((share < cfg.keep_mass - MASS_TOLERANCE).sum()) + 1  # fewest chunks reaching keep_mass
+    wanted = int(forced.sum()) + int(sizes[order[:num_taken]].sum())
+    return max(lo, min(hi, wanted))
+
+
+def select_tokens(importance: torch.Tensor, cfg: SelectConfig, keep: float | str | None = None) -> torch.Tensor:
     """Kept token indices, ascending int64 [m].
 
     importance: [n] float. Chunks of cfg.chunk tokens are ranked by mean importance (ties: the
-    earlier chunk first). The forced tokens count towards the budget ceil(keep * n); the best
-    chunks fill the rest; the last chunk taken is cut to its most important tokens so that
-    exactly the budget is kept. If the forced tokens alone exceed the budget, only they are kept.
+    earlier chunk first). The forced tokens count towards the budget: ceil(keep * n), or
+    `auto_budget` at keep = auto; the best chunks fill the rest; the last chunk taken is cut to its
+    most important tokens so that exactly the budget is kept. If the forced tokens alone exceed the
+    budget, only they are kept.
     """
     keep = cfg.keep if keep is None else keep
     n = importance.shape[0]
     if not is_pruned(n, cfg, keep):
         return torch.arange(n, dtype=torch.int64)
     kept = forced_mask(n, cfg)
-    remaining = budget(n, keep) - int(kept.sum())
+    num_budget = auto_budget(importance, cfg) if keep == AUTO else budget(n, keep)
+    remaining = num_budget - int(kept.sum())
     if remaining <= 0:
         return kept.nonzero().flatten()
 
     scores = importance.float()
-    num_chunks = math.ceil(n / cfg.chunk)
-    padded = torch.zeros(num_chunks * cfg.chunk, dtype=torch.float32)
-    padded[:n] = scores
-    counts = torch.full((num_chunks,), float(cfg.chunk))
-    counts[-1] = n - (num_chunks - 1) * cfg.chunk
-    chunk_scores = padded.view(num_chunks, cfg.chunk).sum(dim=1) / counts  # [num_chunks]
-    order = torch.sort(-chunk_scores, stable=True).indices
+    order = torch.sort(-chunk_scores(scores, cfg.chunk), stable=True).indices
 
     for c in order.tolist():
         start, end = c * cfg.chunk, min(n, (c + 1) * cfg.chunk)

@@ -12,60 +12,26 @@ for the plots; `spcli bench` measures speed properly.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from spcli import models
-from spcli.engine import load
-from spcli.engine.prefill import Generation, PrunedPrompt, generate_pruned
+from spcli.engine import hf_pass, load
+from spcli.engine.load import ModelStack
+from spcli.engine.request import Generation, PrunedRequest
 from spcli.engine.tokenize import tokenize
 from spcli.evaluate import metrics
-from spcli.evaluate.config import EvalConfig
+from spcli.evaluate.config import EvalConfig, policy_order, policy_select
 from spcli.evaluate.selectors import USES_SPECULATOR, Signals, random_seed, select, speculator_signals
 from spcli.evaluate.tasks import Example
 from spcli.io.records import Record
+from spcli.profiles import resolve_score
 
 
-@dataclass
-class Models:
-    base: torch.nn.Module
-    tokenizer: object
-    eos_ids: set[int]
-    pad_id: int
-    device: torch.device
-    max_positions: int
-    speculator_name: str
-    _speculator: torch.nn.Module | None = None
-
-    @property
-    def speculator(self) -> torch.nn.Module:
-        if self._speculator is None:
-            k = load.parse_self(self.speculator_name)
-            if k is not None:
-                self._speculator = load.first_layers(self.base, k)
-            else:
-                path = models.locate(self.speculator_name)
-                load.check_same_vocabulary(self.tokenizer, load.load_tokenizer(path), "the base model", self.speculator_name)
-                dtype = next(self.base.parameters()).dtype
-                name = {v: k for k, v in load.TORCH_DTYPES.items()}[dtype]
-                self._speculator = load.load_causal_lm(path, name, self.device).model
-        return self._speculator
-
-
-def load_models(cfg: EvalConfig) -> Models:
-    device = load.pick_device(cfg.device)
-    path = models.locate(cfg.model)
-    base = load.load_causal_lm(path, cfg.dtype or models.default_dtype(cfg.model), device).model
-    tokenizer = load.load_tokenizer(path)
-    eos_ids = load.eos_token_ids(base, tokenizer)
-    pad = tokenizer.pad_token_id
-    return Models(
-        base, tokenizer, eos_ids, int(pad if pad is not None else min(eos_ids, default=0)), device,
-        int(getattr(base.config, "max_position_embeddings", 1 << 30)),
-        cfg.speculator or models.default_speculator(cfg.model),
-    )
+def load_models(cfg: EvalConfig) -> ModelStack:
+    return load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device)
 
 
 @dataclass
@@ -113,51 +79,68 @@ def _row(example, selector, keep, n, kept, gen: Generation, ref: Generation, tex
     }
 
 
-def evaluate_example(m: Models, example: Example, cfg: EvalConfig) -> ExampleResult:
+def prompt_ids(m: ModelStack, example: Example, cfg: EvalConfig) -> tuple[list[int], int]:
+    """The example's prompt token ids and the number of tokens generated for it."""
     max_tokens = max(cfg.max_tokens or example.max_tokens, cfg.compare_tokens)
     record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
-    ids = tokenize(record, m.tokenizer, m.max_positions - max_tokens, "error")
+    return tokenize(record, m.tokenizer, m.max_positions - max_tokens, "error"), max_tokens
+
+
+def example_signals(m: ModelStack, ids: list[int], cfg: EvalConfig) -> Signals | None:
+    """The example's one speculator pass, when a selector and a keep rate need it (cfg.score resolved)."""
+    if any(s in USES_SPECULATOR for s in cfg.selectors) and cfg.pruned_keeps and len(ids) >= cfg.select.min_tokens:
+        return speculator_signals(m.speculator, ids, cfg.score, m.eos_ids, m.device,
+                                  with_surprisal="self-information" in cfg.selectors,
+                                  with_paper="specprefill-paper" in cfg.selectors)
+    return None
+
+
+def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: Signals | None = None) -> ExampleResult:
+    """`signals`: the example's speculator pass when already made (run.matched_keeps makes them first)."""
+    cfg = dataclasses.replace(cfg, score=resolve_score(cfg.score, cfg.model, m.path, m.speculator_name))
+    ids, max_tokens = prompt_ids(m, example, cfg)
     n = len(ids)
-    ids_t = torch.tensor(ids)  # [n]
     spans = needle_spans(m.tokenizer, example, ids)
-    decode = lambda gen: m.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-    run = lambda prompts: generate_pruned(m.base, prompts, m.eos_ids, m.pad_id, m.device, keep_first_logprobs=True)
+    run = lambda prompts: hf_pass.generate(m.base, prompts, m.tokenizer, m.eos_ids, m.pad_id, m.device,
+                                           keep_first_logprobs=True)
+    request = lambda kept: PrunedRequest(example.id, ids, kept, max_tokens)
 
     everything = torch.arange(n)
-    (ref,), full_t = run([PrunedPrompt(ids_t, everything, n, max_tokens)])
-    ref_text = decode(ref)
+    (ref,) = run([request(everything)])
+    ref_text = ref.text
     result = ExampleResult()
     result.rows.append(_row(example, "full", 1.0, n, everything, ref, ref, ref_text, spans, cfg,
-                            {"ttft_s": full_t.prefill_s, "prefill_s": full_t.prefill_s, "selector_s": 0.0, "select_s": 0.0}))
+                            {"ttft_s": ref.prefill_s, "prefill_s": ref.prefill_s, "selector_s": 0.0, "select_s": 0.0}))
 
-    signals: Signals | None = None
-    if any(s in USES_SPECULATOR for s in cfg.selectors) and cfg.pruned_keeps and n >= cfg.select.min_tokens:
-        signals = speculator_signals(m.speculator, ids, cfg.score, m.eos_ids, m.device)
+    if signals is None:
+        signals = example_signals(m, ids, cfg)
     own_cost = {s: 0.0 for s in cfg.selectors}
     if signals is not None:
-        own_cost["specprefill"] = signals.speculate_s + signals.score_s
+        own_cost["specprefill"] = signals.speculate_s
         own_cost["self-information"] = signals.speculate_s + signals.surprisal_s
+        own_cost["specprefill-paper"] = signals.paper_s
     seed = random_seed(cfg.seed, example.id)
 
-    for keep in sorted(set(cfg.keeps)):
+    for keep in sorted(set(cfg.keeps), key=policy_order):
+        select_cfg, rate = policy_select(cfg.select, keep)
         chosen: dict[str, torch.Tensor] = {}
         select_s: dict[str, float] = {}
         for s in cfg.selectors:
             t0 = time.perf_counter()
-            chosen[s] = select(s, n, signals if s in USES_SPECULATOR else None, cfg.select, keep, seed)
+            chosen[s] = select(s, n, signals if s in USES_SPECULATOR else None, select_cfg, rate, seed)
             select_s[s] = time.perf_counter() - t0
         pruned = [s for s in cfg.selectors if chosen[s].numel() < n]
         gens: dict[str, Generation] = {s: ref for s in cfg.selectors if s not in pruned}
-        share = {s: full_t.prefill_s for s in gens}
+        share = {s: ref.prefill_s for s in gens}
         if pruned:
-            out, timing = run([PrunedPrompt(ids_t[chosen[s]], chosen[s], n, max_tokens) for s in pruned])
+            out = run([request(chosen[s]) for s in pruned])
             gens.update(zip(pruned, out))
-            share.update({s: timing.prefill_s / len(pruned) for s in pruned})
+            share.update({s: out[0].prefill_s / len(pruned) for s in pruned})
         for s in cfg.selectors:
             cost = own_cost[s] if s in pruned else 0.0
             timing = {"ttft_s": cost + select_s[s] + share[s], "prefill_s": share[s], "selector_s": cost,
                       "select_s": select_s[s]}
-            text = ref_text if gens[s] is ref else decode(gens[s])
+            text = gens[s].text
             result.rows.append(_row(example, s, keep, n, chosen[s], gens[s], ref, text, spans, cfg, timing))
         names = list(cfg.selectors)
         for i, a in enumerate(names):

@@ -20,6 +20,47 @@ def split_list(text: str, kind: type, flag: str) -> tuple:
         raise ConfigError(f"{flag} takes a comma-separated list of {kind.__name__} values, got {text!r}") from None
 
 
+def parse_policy(text: str, default_mass: float = 0.9) -> float | str:
+    """One --keep value: a rate in (0, 1], or auto / auto:P (keep = auto with keep_mass P) -> "auto:P"."""
+    text = text.strip().lower()
+    if text == "auto" or text.startswith("auto:"):
+        mass = text.partition(":")[2] or str(default_mass)
+        try:
+            value = float(mass)
+        except ValueError:
+            raise ConfigError(f"--keep auto:P needs a mass P in (0, 1], got {text!r}") from None
+        _check(0.0 < value <= 1.0, f"--keep auto:P needs a mass P in (0, 1], got {text!r}")
+        return f"auto:{value:g}"
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--keep takes rates in (0, 1] and auto:P policies, comma-separated, got {text!r}") from None
+
+
+def split_keeps(text: str, default_mass: float = 0.9) -> tuple:
+    return tuple(parse_policy(s, default_mass) for s in text.split(",") if s.strip())
+
+
+def is_auto(policy: float | str) -> bool:
+    return isinstance(policy, str)
+
+
+def policy_select(select: SelectConfig, policy: float | str) -> tuple[SelectConfig, float | str]:
+    """The selection config and keep that implement a --keep policy: auto:P is keep auto, keep_mass P."""
+    if is_auto(policy):
+        return dataclasses.replace(select, keep="auto", keep_mass=float(policy.partition(":")[2])), "auto"
+    return select, policy
+
+
+def policy_order(policy: float | str) -> tuple:
+    """Sort key: fixed rates ascending, then auto policies by mass."""
+    return (1, float(policy.partition(":")[2])) if is_auto(policy) else (0, policy)
+
+
+def policy_label(policy: float | str) -> str:
+    return policy if is_auto(policy) else f"{policy:.2f}"
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     out: str
@@ -28,7 +69,7 @@ class EvalConfig:
     lengths: tuple[int, ...] = (2048,)  # target prompt tokens of built-in tasks
     model: str = "smollm2-135m"
     speculator: str | None = None  # None = the model's default
-    keeps: tuple[float, ...] = (0.1, 0.3, 0.5, 1.0)
+    keeps: tuple[float | str, ...] = (0.1, 0.3, 0.5, 1.0)  # rates, and "auto:P" policies (keep auto, keep_mass P)
     selectors: tuple[str, ...] = SELECTORS
     samples: int = 20  # per task and length (built-in), or the first N records of the inputs
     seed: int = 0  # task generation and random selection
@@ -38,6 +79,7 @@ class EvalConfig:
     dtype: str | None = None
     device: str = "auto"
     html: bool = False
+    match_auto: bool = True  # per auto policy, also a fixed keep at its mean kept fraction (adaptive vs fixed, paired)
     select: SelectConfig = field(default_factory=lambda: SelectConfig(keep=1.0))  # keep is per run: `keeps`
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
@@ -45,7 +87,10 @@ class EvalConfig:
         _check(bool(self.inputs) or bool(self.tasks), "give INPUT files or at least one --task")
         for t in self.tasks:
             _check(t in TASKS, f"unknown task {t!r}: use one of {', '.join(TASKS)}")
-        _check(bool(self.keeps) and all(0.0 < k <= 1.0 for k in self.keeps), f"--keep values must be in (0, 1], got {self.keeps}")
+        _check(bool(self.keeps) and all(is_auto(k) or 0.0 < k <= 1.0 for k in self.keeps), f"--keep values must be in (0, 1], got {self.keeps}")
+        for k in self.keeps:
+            if is_auto(k):
+                policy_select(self.select, k)  # validates the mass
         _check(bool(self.selectors), f"--selector needs at least one of {', '.join(SELECTORS)}")
         check_selectors(self.selectors)
         _check(all(256 <= n <= 32768 for n in self.lengths), f"--lengths must be in [256, 32768] tokens, got {self.lengths}")
@@ -56,8 +101,8 @@ class EvalConfig:
         _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
     @property
-    def pruned_keeps(self) -> tuple[float, ...]:
-        return tuple(sorted({k for k in self.keeps if k < 1.0}))
+    def pruned_keeps(self) -> tuple[float | str, ...]:
+        return tuple(sorted({k for k in self.keeps if is_auto(k) or k < 1.0}, key=policy_order))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import time
@@ -13,10 +14,12 @@ import transformers
 from spcli.errors import OutputError
 from spcli.evaluate import report
 from spcli.evaluate.compare import evaluate_example, load_models
-from spcli.evaluate.config import EvalConfig
+from spcli.evaluate.config import EvalConfig, is_auto
 from spcli.evaluate.inputs import read_examples
+from spcli.evaluate.matched import compare_matched, matched_keeps, with_matched
 from spcli.evaluate.summary import summarize
 from spcli.evaluate.tasks import Example, generate
+from spcli.profiles import resolve_score
 
 
 GENERATION_ROOM = 64  # tokens left free for the answer when a length meets the model's context
@@ -32,6 +35,10 @@ def build_examples(cfg: EvalConfig, tokenizer, max_positions: int = 1 << 30, log
     if cfg.inputs:
         examples += read_examples(cfg.inputs, cfg.samples)
     return examples
+
+
+def score_label(score) -> str:
+    return f"window {score.window}, look-ahead {score.lookahead}, layers {score.score_layers}"
 
 
 def environment() -> dict:
@@ -51,25 +58,31 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     t_start = time.perf_counter()
     env_start = environment()
     m = load_models(cfg)
+    cfg = dataclasses.replace(cfg, score=resolve_score(cfg.score, cfg.model, m.path, m.speculator_name))
     examples = build_examples(cfg, m.tokenizer, m.max_positions, log)
     log(f"eval: {len(examples)} examples, selectors {', '.join(cfg.selectors)}, keep {', '.join(map(str, cfg.keeps))}, "
-        f"speculator {m.speculator_name}, device {m.device}")
+        f"speculator {m.speculator_name} ({score_label(cfg.score)}), device {m.device}")
+    matched, signals = {}, {}
+    if cfg.match_auto and any(is_auto(k) for k in cfg.keeps):
+        matched, signals = matched_keeps(m, examples, cfg, log)
+        cfg = with_matched(cfg, matched)
     rows, overlaps = [], []
     for i, ex in enumerate(examples):
         t0 = time.perf_counter()
-        res = evaluate_example(m, ex, cfg)
+        res = evaluate_example(m, ex, cfg, signals.pop(ex.id, None))
         rows += res.rows
         overlaps += res.overlaps
         elapsed = time.perf_counter() - t_start
         eta = elapsed / (i + 1) * (len(examples) - i - 1)
         full = res.rows[0]
         log(f"[{i + 1}/{len(examples)}] {ex.id}: {full['num_prompt_tokens']} tokens, {time.perf_counter() - t0:.1f} s, "
-            f"full says {full['output'][:48]!r}; ETA {eta:.0f} s")
+            f"full says {full['output']!r}; ETA {eta:.0f} s")
     summary = summarize(rows, overlaps, cfg.bootstrap, cfg.seed)
     results = {
-        "config": cfg.to_dict(), "speculator": m.speculator_name, "environment": env_start,
+        "config": cfg.to_dict(), "speculator": m.speculator_name, "score": dataclasses.asdict(cfg.score), "environment": env_start,
         "load_average_end": os.getloadavg(), "wall_s": time.perf_counter() - t_start,
-        "summary": summary, "rows": rows, "overlaps": overlaps,
+        "summary": summary, "matched_keeps": matched, "matched": compare_matched(rows, matched, cfg.bootstrap, cfg.seed),
+        "rows": rows, "overlaps": overlaps,
     }
     report.write_json(out / "results.json", results)
     images = report.plot(summary, out)

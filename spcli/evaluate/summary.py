@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from spcli.evaluate.config import policy_order
 from spcli.evaluate.metrics import bootstrap, bootstrap_ratio
 
 METRICS = ("contains", "exact", "f1", "first_token", "prefix_match", "kl", "needle_kept")
@@ -25,7 +26,7 @@ def summarize(rows: list[dict], overlaps: list[dict], num_resamples: int = 2000,
 
     ci = lambda values: bootstrap(values, num_resamples, seed).to_dict()
     out = []
-    for (task, selector, keep), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "full", kv[0][1], kv[0][2])):
+    for (task, selector, keep), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "full", kv[0][1], policy_order(kv[0][2]))):
         refs = [full[r["id"]] for r in group]
         entry = {
             "task": task, "selector": selector, "keep": keep, "n": len(group),

@@ -9,6 +9,8 @@ the forced tail holds the question and nothing else.
     kv-retrieval  a JSON object of UUID pairs; the question gives one key (Lost in the Middle)
     var-tracking  VAR A = 12345, VAR B = VAR A, ... scattered in prose; name every variable holding the number (RULER vt)
     multidoc-qa   short documents, one about the person asked for; the answer is a town (token-F1 scored)
+    niah-scatter  eight values for one key, one in each eighth of the prompt; list them all (diffuse: scored
+                  as the fraction found, every needle sentence counts)
 
 Lengths are targets in prompt tokens (chat template included); a prompt lands within a few tokens.
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from spcli.errors import ConfigError
 
-TASKS = ("niah", "niah-multi", "kv-retrieval", "var-tracking", "multidoc-qa")
+TASKS = ("niah", "niah-multi", "kv-retrieval", "var-tracking", "multidoc-qa", "niah-scatter")
 
 ADJECTIVES = ("amber", "brisk", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen", "lively",
               "mellow", "nimble", "olive", "proud", "quiet", "rusty", "silver", "tidy", "upbeat", "vivid", "witty", "young")
@@ -142,6 +144,24 @@ def _niah(rng, filler, length, num_values):
     return build, tuple(values), tuple(needles), {"depths": depths, "key": key}
 
 
+def _scatter(rng, filler, length, num_values):
+    """niah with one value in each 1/num_values of the prompt: the answer needs every part of it."""
+    key = _magic_key(rng)
+    values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), num_values)]
+    needles = [f"One of the special magic numbers for {key} is: {v}." for v in values]
+    depths = [0.05 + 0.85 * (i + rng.uniform(0.2, 0.8)) / num_values for i in range(num_values)]  # one per slice
+    intro = "Special magic numbers are scattered all through the following text. Make sure to memorize every one. " \
+            "I will ask you to list them afterwards.\n\n"
+    question = f"List all {num_values} special magic numbers for {key} mentioned in the provided text, separated by commas."
+    seed = rng.random()
+
+    def build(num_tokens):
+        text = " ".join(_insert(filler.take(random.Random(seed), num_tokens), needles, depths))
+        return [{"role": "user", "content": f"{intro}{text}\n\n{question}"}]
+
+    return build, tuple(values), tuple(needles), {"depths": depths, "key": key}
+
+
 def _kv(rng, filler, length, _):
     gen = lambda: str(uuid.UUID(int=rng.getrandbits(128), version=4))
     pairs = [(gen(), gen()) for _ in range(max(16, length // 10))]  # more than fit; ~70 tokens per pair
@@ -198,6 +218,7 @@ def _multidoc(rng, filler, length, _):
 BUILDERS = {  # task -> (builder, number of needles, max_tokens, all answers required)
     "niah": (_niah, 1, 32, False), "niah-multi": (_niah, 3, 64, True), "kv-retrieval": (_kv, 0, 48, False),
     "var-tracking": (_vt, 0, 64, True), "multidoc-qa": (_multidoc, 0, 32, False),
+    "niah-scatter": (_scatter, 8, 96, True),
 }
 
 

@@ -1,0 +1,86 @@
+"""`spcli calibrate`: which speculator layer and observation window keep the facts, at what cost; with
+--keep-for, which keep rate suits the user's own prompts."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(name="calibrate")
+    def _cmd(
+        inputs: Annotated[Optional[list[str]], typer.Argument(metavar="INPUT", help="With --keep-for: your JSONL/Parquet shards, globs or directories, as for `spcli run`.", show_default=False)] = None,
+        keep_for: Annotated[bool, typer.Option("--keep-for", help="Calibrate the keep rate on a sample of INPUT instead of the layers: fidelity against full prefill at each --keep and auto; prints the `spcli run` flags.")] = False,
+        model: Annotated[str, typer.Option(help="Base model name, local folder or cached HF id.")] = "smollm2-135m",
+        speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self / self:K; its layers are swept. Default: the model's.")] = None,
+        tasks: Annotated[str, typer.Option(help="Built-in tasks, comma-separated (their fact sentences are the needles).")] = "niah,niah-multi,multidoc-qa",
+        lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "2048,4096",
+        samples: Annotated[int, typer.Option(help="Prompts per task and length.")] = 8,
+        keep: Annotated[Optional[str], typer.Option(help="Keep rates, comma-separated; the target must hold at each. With --keep-for: the rates swept (auto too). Default: 0.1,0.2; with --keep-for 0.05,0.1,0.2,0.3,0.5.", show_default=False)] = None,
+        windows: Annotated[str, typer.Option(help="Observation windows W (the last W prompt queries, causal), comma-separated.")] = "16,32,64",
+        target: Annotated[float, typer.Option(help="Mean fact-token recall every task must reach at every keep.")] = 0.95,
+        pool: Annotated[int, typer.Option(help="Average-pool kernel over token scores (odd).")] = 13,
+        paper: Annotated[bool, typer.Option("--paper/--no-paper", help="Also score the paper's recipe (every layer, look-ahead 8) for reference.")] = True,
+        out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json, calibrate.png.")] = "out/calibrate",
+        write_profile: Annotated[bool, typer.Option(help="Store the choice as this model's profile: `spcli run` uses it where flags leave window, look-ahead and layers unset.")] = False,
+        dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
+        device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+        seed: Annotated[int, typer.Option(help="Seed of the built-in tasks (with --keep-for: of the sample).")] = 0,
+        sample: Annotated[int, typer.Option(help="--keep-for: records drawn from INPUT (seeded, uniform).")] = 32,
+        target_agreement: Annotated[Optional[float], typer.Option(help="--keep-for: mean agreement of the first 16 greedy tokens with full prefill to reach (default 0.9).", show_default=False)] = None,
+        target_kl: Annotated[Optional[float], typer.Option(help="--keep-for: mean first-token KL from full prefill to stay under, instead.", show_default=False)] = None,
+        keep_mass: Annotated[float, typer.Option(help="--keep-for: keep auto's mass, as `spcli run --keep-mass`.")] = 0.9,
+        keep_min: Annotated[float, typer.Option(help="--keep-for: keep auto's least fraction, as `spcli run --keep-min`.")] = 0.05,
+        keep_max: Annotated[float, typer.Option(help="--keep-for: keep auto's most fraction, as `spcli run --keep-max`.")] = 0.5,
+        min_tokens: Annotated[int, typer.Option(help="--keep-for: prompts shorter than this are not pruned, as in `spcli run`.")] = 256,
+        window: Annotated[Optional[int], typer.Option(help="--keep-for: as `spcli run --window`. Default: the model's.", show_default=False)] = None,
+        lookahead: Annotated[Optional[int], typer.Option(help="--keep-for: as `spcli run --lookahead`. Default: the model's.", show_default=False)] = None,
+        score_layers: Annotated[Optional[str], typer.Option(help="--keep-for: as `spcli run --score-layers`. Default: the model's.", show_default=False)] = None,
+        prompt_field: Annotated[str, typer.Option(help="--keep-for: input field holding prompt text.")] = "prompt",
+        messages_field: Annotated[str, typer.Option(help="--keep-for: input field holding chat messages.")] = "messages",
+    ) -> None:
+        """Sweep every speculator layer and window for fact-token recall and cost; recommend the cheapest that meets --target.
+
+        One full speculator pass per prompt scores every (layer, window, keep); cost(l) is the measured share of the full forward spent up to layer l, what an early-exit speculator (--score-layers l --lookahead 0) pays.
+
+        With --keep-for INPUT...: on a seeded sample of your records (no labels), full prefill against each --keep rate and auto, on the stages `spcli run` uses; fidelity (first token, first 16 tokens, first-step KL) with 95% bootstrap CIs; the smallest kept fraction meeting --target-agreement (or --target-kl) and its `spcli run` flags; results.json and keep_fidelity.png in --out.
+        """
+        from spcli.calibrate.config import CalibrateConfig
+        from spcli.calibrate.layers import run_layers
+        from spcli.calibrate.report import text_table
+        from spcli.evaluate.config import split_list
+
+        if keep_for or inputs:
+            return _keep_for(inputs, keep_for, out=out, model=model, speculator=speculator, sample=sample,
+                             keeps=keep or "0.05,0.1,0.2,0.3,0.5", target_agreement=target_agreement,
+                             target_kl=target_kl, seed=seed, dtype=dtype, device=device, pool=pool,
+                             select=dict(keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max, min_tokens=min_tokens),
+                             score=dict(window=window, lookahead=lookahead, score_layers=score_layers),
+                             fields=dict(prompt=prompt_field, messages=messages_field))
+        cfg = CalibrateConfig(
+            out=out, model=model, speculator=speculator, tasks=split_list(tasks, str, "--tasks"),
+            lengths=split_list(lengths, int, "--lengths"), samples=samples, keeps=split_list(keep or "0.1,0.2", float, "--keep"),
+            windows=split_list(windows, int, "--windows"), target=target, pool=pool, paper=paper,
+            write_profile=write_profile, dtype=dtype, device=device, seed=seed,
+        )
+        results = run_layers(cfg, log=lambda msg: typer.echo(msg, err=True))
+        typer.echo(text_table(results))
+
+
+def _keep_for(inputs, keep_for: bool, *, keeps: str, pool: int, select: dict, score: dict, fields: dict, **kw) -> None:
+    """`spcli calibrate --keep-for INPUT...`: the flags map one-to-one onto KeepForConfig."""
+    from spcli.calibrate.keep import KeepForConfig, run_keep
+    from spcli.calibrate.keep_report import text_table
+    from spcli.config import AUTO, FieldConfig, ScoreConfig, SelectConfig
+    from spcli.errors import ConfigError
+    from spcli.evaluate.config import split_list
+
+    if not keep_for:
+        raise ConfigError("INPUT files are for --keep-for (keep calibration on your records); give --keep-for or no INPUT")
+    cfg = KeepForConfig(inputs=tuple(inputs or ()), keeps=split_list(keeps, float, "--keep"),
+                        select=SelectConfig(keep=AUTO, **select), score=ScoreConfig(pool=pool, **score),
+                        fields=FieldConfig(**fields), **kw)
+    results = run_keep(cfg, log=lambda msg: typer.echo(msg, err=True))
+    typer.echo(text_table(results))

@@ -1,0 +1,82 @@
+"""`spcli calibrate --keep-for`: keep calibration on the user's own records, on the tiny model (3 layers)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from spcli.calibrate.keep import KeepForConfig, recommend, run_flags, sample_records
+from spcli.cli import app
+from spcli.config import SelectConfig
+from spcli.errors import ConfigError
+
+
+def records(k: int) -> list[dict]:
+    return [{"id": f"r{i}", "prompt": " ".join(f"note{(i * 3 + j * 7) % 41}" for j in range(400 + 10 * i)), "keep": 1.0}
+            for i in range(k)]
+
+
+def test_keep_for_on_the_tiny_model_writes_results_plot_and_the_flags(tmp_path, tiny_dir, write_jsonl):
+    src = write_jsonl(records(6) + ['{"broken": '])
+    out = tmp_path / "cal"
+    res = CliRunner().invoke(app, ["calibrate", "--keep-for", str(src), "--model", str(tiny_dir), "--speculator", "self:2",
+                                   "--lookahead", "0", "--window", "4", "--score-layers", "1", "--dtype", "float32",
+                                   "--sample", "4", "--keep", "0.2,0.5", "--min-tokens", "16", "--keep-min", "0.1",
+                                   "--keep-max", "0.6", "--target-agreement", "0.5", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    results = json.loads((out / "results.json").read_text())
+    assert (results["num_sampled"], results["num_valid_records"]) == (4, 6)
+    assert [e["policy"] for e in results["summary"]] == [0.2, 0.5, "auto"]
+    for e in results["summary"]:
+        assert e["n"] == 4 and e["num_pruned"] == 4
+        for m in ("first_token", "prefix_match", "kl", "kept_fraction"):
+            assert set(e[m]) == {"mean", "lo", "hi", "n"} and e[m]["lo"] <= e[m]["mean"] <= e[m]["hi"]
+    rows = [r for r in results["rows"] if r["policy"] == 0.2]
+    assert all(r["num_kept"] == math.ceil(0.2 * r["num_prompt_tokens"]) for r in rows), "the records' own keep is ignored"
+    full = [r for r in results["rows"] if r["policy"] == "full"]
+    assert all(r["prefix_match"] == 1.0 and r["kl"] == 0.0 for r in full), "full prefill agrees with itself"
+    assert (out / "keep_fidelity.png").stat().st_size > 5000
+    last = res.stdout.strip().splitlines()[-1]
+    if results["recommended"] is None:
+        assert last.startswith("no keep in the sweep meets EM16 >= 0.5")
+    else:
+        assert last == f"recommended (smallest kept fraction meeting EM16 >= 0.5): {results['flags']}"
+        assert f"--model {tiny_dir} --speculator self:2" in last and "--window 4 --lookahead 0 --score-layers 1" in last
+    assert "fidelity against full prefill on 4 of your 6 records" in res.stdout
+
+
+def test_sample_is_seeded_uniform_and_in_input_order(tmp_path, write_jsonl):
+    src = write_jsonl(records(40))
+    cfg = lambda seed: KeepForConfig(inputs=(str(src),), sample=5, seed=seed)
+    a, num_valid = sample_records(cfg(0))
+    assert num_valid == 40 and len(a) == 5
+    assert [r.id for r in a] == [r.id for r in sample_records(cfg(0))[0]]
+    assert [r.id for r in a] != [r.id for r in sample_records(cfg(1))[0]]
+    assert [r.row for r in a] == sorted(r.row for r in a) and all(r.keep is None for r in a)
+
+
+def entry(policy, kept, em, kl=0.1):
+    ci = lambda v: {"mean": v, "lo": v, "hi": v, "n": 8}
+    return {"policy": policy, "kept_fraction": ci(kept), "prefix_match": ci(em), "kl": ci(kl), "first_token": ci(em)}
+
+
+def test_recommend_takes_the_smallest_kept_fraction_that_meets_the_target():
+    summary = [entry(0.1, 0.1, 0.5), entry(0.2, 0.2, 0.9), entry(0.3, 0.3, 0.95), entry("auto", 0.15, 0.92, kl=0.5)]
+    cfg = KeepForConfig(inputs=("x",), target_agreement=0.9)
+    assert recommend(summary, cfg)["policy"] == "auto"
+    assert recommend(summary, KeepForConfig(inputs=("x",), target_kl=0.2))["policy"] == 0.1
+    assert recommend(summary, KeepForConfig(inputs=("x",), target_agreement=0.99)) is None
+    flags = run_flags(KeepForConfig(inputs=("x",), select=SelectConfig(keep="auto", keep_mass=0.8)), "auto")
+    assert flags == "spcli run INPUT... --out DIR --model smollm2-135m --keep auto --keep-mass 0.8 --keep-min 0.05 --keep-max 0.5"
+
+
+def test_bad_keep_for_flags_are_clear_errors(tmp_path, write_jsonl):
+    with pytest.raises(ConfigError, match="not both"):
+        KeepForConfig(inputs=("x",), target_agreement=0.9, target_kl=0.1)
+    res = CliRunner().invoke(app, ["calibrate", "some.jsonl"])
+    assert isinstance(res.exception, ConfigError) and "INPUT files are for --keep-for" in str(res.exception)
+    res = CliRunner().invoke(app, ["calibrate", "--keep-for"])
+    assert isinstance(res.exception, ConfigError) and "--keep-for needs INPUT" in str(res.exception)
