@@ -14,21 +14,19 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
-import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from spcli import models
-from spcli.config import RunConfig
+from spcli.banner import banner_lines, resume_line
 from spcli.batch import run_batch
+from spcli.config import RunConfig
 from spcli.errors import EngineDied, Interrupted, OutputError
 from spcli.io import commit
-from spcli.io.ids import IdIndex
+from spcli.io.ids import mark_duplicates, rebuild_ids
+from spcli.io.lock import WriterLock
 from spcli.io.manifest import (
-    Manifest, ShardProgress, WriterLock, describe_difference, fingerprint, input_identity, manifest_name,
+    Manifest, ShardProgress, describe_difference, fingerprint, input_identity, manifest_name,
 )
 from spcli.io.read import check_shard, count_rows, read_records
-from spcli.io.records import Record, Shard, discover, shard_kind, where
+from spcli.io.records import Record, Shard, discover
 from spcli.profiles import resolve_score
 from spcli.progress import Progress
 from spcli.stop import StopAtSafePoint, StopRequest
@@ -258,32 +256,6 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
                       len(shards), t["rows_total"], t["rows"] - before["rows"], committer.elapsed_s)
 
 
-def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, model_path: str, out: Path) -> list[str]:
-    """What this run is about to do, one line per part: inputs, model, speculator, keep, engine, output."""
-    from spcli.engine.load import pick_device
-
-    speculator = cfg.speculator or models.default_speculator(cfg.model)
-    score = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.score).items())
-    auto_only = ("keep_mass", "keep_min", "keep_max")  # used at keep auto only
-    select = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.select).items()
-                       if k != "keep" and (cfg.select.keep == "auto" or k not in auto_only))
-    rows = "rows unknown" if rows_total is None else f"{rows_total} row{'' if rows_total == 1 else 's'}"
-    model = cfg.model if cfg.model == model_path else f"{cfg.model} ({model_path})"
-    return [
-        f"inputs: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {rows}",
-        f"model: {model}, {cfg.dtype or models.default_dtype(cfg.model)}",
-        f"speculator: {speculator} ({score})" + (" (not used at keep 1.0)" if not cfg.select.prunes else ""),
-        f"keep: {cfg.select.keep} ({select})",
-        f"engine: {cfg.engine}, device {pick_device(cfg.device)}, batch size {cfg.batch_size}",
-        f"output: {out} ({cfg.output_format})",
-    ]
-
-
-def resume_line(rows_done: int, rows_total: int | None, shard: str, next_row: int) -> str:
-    of = "" if rows_total is None else f" of {rows_total}"
-    return f"resuming: {rows_done}{of} rows done, shard {shard} at row {next_row}"
-
-
 def _check_stop(stop: StopRequest, committer: commit.Committer, manifest: Manifest) -> None:
     if stop.requested:
         if committer.has_rows:
@@ -292,41 +264,6 @@ def _check_stop(stop: StopRequest, committer: commit.Committer, manifest: Manife
         of = "" if t["rows_total"] is None else f" of {t['rows_total']}"
         raise Interrupted(f"stopped by {stop.signal_name} with {t['rows']}{of} rows committed; "
                           "run the same command again to resume")
-
-
-def mark_duplicates(batch: list[Record], ids: IdIndex, paths: dict[int, str]) -> None:
-    """A repeated id makes an error row naming where the id was first seen (the first occurrence is kept)."""
-    for rec in batch:
-        first = ids.setdefault(rec.id, rec.shard, rec.row)
-        if first is not None and rec.error is None:
-            path, first_path = paths[rec.shard], paths.get(first[0], "?")
-            rec.error = (f"{where(path, rec.row, shard_kind(path))}: duplicate id {rec.id!r} "
-                         f"(first at {where(first_path, first[1], shard_kind(first_path))}); ids must be unique")
-
-
-def rebuild_ids(out: Path, manifest: Manifest) -> IdIndex:
-    """The ids of every committed row, in commit order, so a resumed run still catches duplicates."""
-    ids = IdIndex()
-    for index, prog in sorted(manifest.shards.items()):
-        for name in prog.parts:
-            for row_id, row in _part_ids(out / name):
-                ids.setdefault(row_id, index, row)
-    return ids
-
-
-def _part_ids(path: Path) -> Iterator[tuple[str, int]]:
-    try:
-        if path.suffix == ".parquet":
-            t = pq.read_table(path, columns=["id", "row"])
-            yield from zip(t.column("id").to_pylist(), t.column("row").to_pylist())
-            return
-        with open(path, "rb") as f:
-            for line in f:
-                if line.strip():
-                    doc = orjson.loads(line)
-                    yield doc["id"], doc["row"]
-    except (OSError, pa.ArrowException, orjson.JSONDecodeError, KeyError, TypeError) as e:
-        raise OutputError(f"{path}: committed part file is unreadable ({e}); rerun with --fresh to start over") from e
 
 
 def _all_committed(out: Path, mine: Manifest, strict: bool) -> list[set[str]]:

@@ -17,7 +17,8 @@ import pytest
 from spcli.config import GenerateConfig, RunConfig, ScoreConfig, SelectConfig
 from spcli.errors import Interrupted, OutputError
 from spcli.io import commit
-from spcli.io.manifest import Manifest, WriterLock, read_manifests
+from spcli.io.lock import WriterLock
+from spcli.io.manifest import Manifest, read_manifests
 from spcli.progress import Progress
 from spcli.run import run
 from test_bad_input import cli, last_line

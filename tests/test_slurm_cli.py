@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from spcli.cli import app
 from spcli.errors import ConfigError, OutputError
 from spcli.io.manifest import Manifest, ShardProgress, manifest_name
-from spcli.slurm.script import SubmitOptions, read_attempts, render_sbatch, write_script
+from spcli.slurm.attempts import read_attempts
+from spcli.slurm.script import SubmitOptions, render_sbatch, write_script
 from spcli.slurm.submit import read_submissions
 
 

@@ -1,4 +1,4 @@
-"""Duplicate ids: where each id was first seen, in ~32 bytes per row.
+"""Duplicate ids: where each id was first seen, in ~32 bytes per row; rebuilt from committed parts.
 
 Open addressing with linear probing over 64-bit BLAKE2b hashes of the ids (0 marks an empty
 slot); a value packs the first occurrence as (shard << 40) | row. A Python dict of strings would
@@ -9,8 +9,20 @@ cost ~10x the memory on a multi-million-row run. Two different ids share a hash 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from spcli.errors import OutputError
+from spcli.io.records import Record, shard_kind, where
+
+if TYPE_CHECKING:
+    from spcli.io.manifest import Manifest
 
 ROW_BITS = 40
 MAX_LOAD = 0.6
@@ -70,3 +82,38 @@ class IdIndex:
             placed[won] = True
             pending = pending[~placed[pending]]
             slot[pending] = (slot[pending] + 1) & (len(self.keys) - 1)
+
+
+def mark_duplicates(batch: list[Record], ids: IdIndex, paths: dict[int, str]) -> None:
+    """A repeated id makes an error row naming where the id was first seen (the first occurrence is kept)."""
+    for rec in batch:
+        first = ids.setdefault(rec.id, rec.shard, rec.row)
+        if first is not None and rec.error is None:
+            path, first_path = paths[rec.shard], paths.get(first[0], "?")
+            rec.error = (f"{where(path, rec.row, shard_kind(path))}: duplicate id {rec.id!r} "
+                         f"(first at {where(first_path, first[1], shard_kind(first_path))}); ids must be unique")
+
+
+def rebuild_ids(out: Path, manifest: Manifest) -> IdIndex:
+    """The ids of every committed row, in commit order, so a resumed run still catches duplicates."""
+    ids = IdIndex()
+    for index, prog in sorted(manifest.shards.items()):
+        for name in prog.parts:
+            for row_id, row in _part_ids(out / name):
+                ids.setdefault(row_id, index, row)
+    return ids
+
+
+def _part_ids(path: Path) -> Iterator[tuple[str, int]]:
+    try:
+        if path.suffix == ".parquet":
+            t = pq.read_table(path, columns=["id", "row"])
+            yield from zip(t.column("id").to_pylist(), t.column("row").to_pylist())
+            return
+        with open(path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    doc = orjson.loads(line)
+                    yield doc["id"], doc["row"]
+    except (OSError, pa.ArrowException, orjson.JSONDecodeError, KeyError, TypeError) as e:
+        raise OutputError(f"{path}: committed part file is unreadable ({e}); rerun with --fresh to start over") from e

@@ -13,7 +13,7 @@ inputs itself (`spcli.slurm.tasks`). The script makes a task survive time limits
   forwarded signal, a code above 128 (spcli killed by it before installing its handler, or after
   removing it on the way out) counts as 75.
 
-Every attempt appends one line to <out>/slurm/attempts-<task>.log (see `Attempt`).
+Every attempt appends one line to <out>/slurm/attempts-<task>.log (`spcli.slurm.attempts`).
 """
 
 from __future__ import annotations
@@ -276,40 +276,3 @@ def submit(script_path, sbatch: str = "sbatch", timeout: float = 120) -> str:
     if not job_id.isdigit():
         raise SlurmError(f"sbatch {script_path}: unexpected output {proc.stdout.strip()!r}, expected a job id")
     return job_id
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One line of <out>/slurm/attempts-<task>.log, written when an attempt ends:
-    `time=<UTC ISO> task=<i> restart=<n> exit=<code> action=<action> job=<array>_<i> host=<node>`.
-
-    action: done (exit 0) | requeue (exit 75, requeued itself) | requeue-failed (a second line
-    after requeue: scontrol requeue failed) | gave-up (exit 75, restart >= max_requeues) |
-    stopped (exit 75 with the job no longer RUNNING: scancel, the time limit, or the end of a
-    preemption's GraceTime, after which Slurm requeues it itself) | failed (any other code).
-    """
-
-    time: str
-    task: int
-    restart: int
-    exit: int
-    action: str
-    job: str
-    host: str
-
-
-def read_attempts(out_dir) -> dict[int, list[Attempt]]:
-    """Every task's attempts, oldest first, from <out>/slurm/attempts-*.log."""
-    attempts: dict[int, list[Attempt]] = {}
-    for path in sorted((Path(out_dir) / "slurm").glob("attempts-*.log")):
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                f = dict(item.split("=", 1) for item in line.split())
-                attempt = Attempt(f["time"], int(f["task"]), int(f["restart"]), int(f["exit"]),
-                                  f["action"], f["job"], f["host"])
-            except (KeyError, ValueError):
-                raise SpcliError(f"{path}:{number}: not an attempt line: {line!r}") from None
-            attempts.setdefault(attempt.task, []).append(attempt)
-    return attempts

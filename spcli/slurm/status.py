@@ -25,7 +25,7 @@ from pathlib import Path
 from spcli.errors import OutputError
 from spcli.io.manifest import config_history, history_lines, read_manifests
 from spcli.slurm import query
-from spcli.slurm.script import Attempt, read_attempts
+from spcli.slurm.attempts import Attempt, read_attempts
 from spcli.slurm.submit import read_submissions
 
 EXIT_DONE, EXIT_NOT_DONE, EXIT_FAILED = 0, 3, 4

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from spcli.slurm.script import SubmitOptions, read_attempts, render_sbatch, submit, write_script
+from spcli.slurm.attempts import read_attempts
+from spcli.slurm.script import SubmitOptions, render_sbatch, submit, write_script
 
 pytestmark = pytest.mark.slurm
 

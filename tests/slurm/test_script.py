@@ -11,7 +11,8 @@ import time
 import pytest
 
 from spcli.errors import ConfigError, SpcliError
-from spcli.slurm.script import (SlurmError, SubmitOptions, read_attempts, render_sbatch, submit,
+from spcli.slurm.attempts import read_attempts
+from spcli.slurm.script import (SlurmError, SubmitOptions, render_sbatch, submit,
                                 time_limit_seconds, write_script)
 from spcli.slurm.tasks import ArrayTask, array_task, assign_shards
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from spcli.cli import app
 from spcli.io.commit import PAUSE_AFTER_RENAME_ENV
 from spcli.io.manifest import read_manifests
-from spcli.slurm.script import read_attempts
+from spcli.slurm.attempts import read_attempts
 
 SPCLI = str(Path(sys.executable).parent / "spcli")
 FAST = ["--keep", "0.3", "--min-tokens", "16", "--keep-last", "8", "--chunk", "8", "--max-tokens", "1",

@@ -1,0 +1,36 @@
+"""What a run says before it starts: the banner, and where a resumed run continues."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from spcli import models
+from spcli.config import RunConfig
+from spcli.io.records import Shard
+
+
+def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, model_path: str, out: Path) -> list[str]:
+    """What this run is about to do, one line per part: inputs, model, speculator, keep, engine, output."""
+    from spcli.engine.load import pick_device
+
+    speculator = cfg.speculator or models.default_speculator(cfg.model)
+    score = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.score).items())
+    auto_only = ("keep_mass", "keep_min", "keep_max")  # used at keep auto only
+    select = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.select).items()
+                       if k != "keep" and (cfg.select.keep == "auto" or k not in auto_only))
+    rows = "rows unknown" if rows_total is None else f"{rows_total} row{'' if rows_total == 1 else 's'}"
+    model = cfg.model if cfg.model == model_path else f"{cfg.model} ({model_path})"
+    return [
+        f"inputs: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {rows}",
+        f"model: {model}, {cfg.dtype or models.default_dtype(cfg.model)}",
+        f"speculator: {speculator} ({score})" + (" (not used at keep 1.0)" if not cfg.select.prunes else ""),
+        f"keep: {cfg.select.keep} ({select})",
+        f"engine: {cfg.engine}, device {pick_device(cfg.device)}, batch size {cfg.batch_size}",
+        f"output: {out} ({cfg.output_format})",
+    ]
+
+
+def resume_line(rows_done: int, rows_total: int | None, shard: str, next_row: int) -> str:
+    of = "" if rows_total is None else f" of {rows_total}"
+    return f"resuming: {rows_done}{of} rows done, shard {shard} at row {next_row}"
