@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from spcli import models
-from spcli.config import PAPER_SCORE, ScoreConfig
+from spcli.config import PAPER_SCORE, ScoreConfig, parse_layers
 from spcli.engine.load import parse_self
 
 SCORE_FIELDS = ("window", "lookahead", "score_layers")
@@ -62,9 +62,16 @@ def score_defaults(model: str, model_path: Path | None, speculator: str) -> tupl
     if model_path is not None and (profile := read_profile(model_path, speculator)):
         return {**PAPER_SCORE, **profile}, f"profile {profile_path(model_path, speculator)}"
     preset = models.PRESETS.get(model)
-    if preset is not None and preset.self_score and parse_self(speculator) is not None:
+    if preset is not None and preset.self_score and _fits(preset.self_score, parse_self(speculator)):
         return {**PAPER_SCORE, **preset.self_score}, f"preset {model}"
     return dict(PAPER_SCORE), "the paper's recipe"
+
+
+def _fits(score: dict, k: int | None) -> bool:
+    """A preset's self_score applies to `self` and to a `self:K` that holds its scored layers."""
+    if k is None:
+        return False
+    return k == 0 or all(layer < k for a, b in parse_layers(score["score_layers"]) or [] for layer in (a, b))
 
 
 def resolve_score(score: ScoreConfig, model: str, model_path: Path | None, speculator: str) -> ScoreConfig:

@@ -70,12 +70,17 @@ def test_sweep_finds_the_layer_that_points_at_the_fact():
     assert (choice.layer, choice.window, choice.cost, choice.worst, choice.meets_target) == (1, 16, 0.6, 1.0, True)
 
 
-def test_recommend_cheapest_then_smaller_window_then_best_below_target():
+def test_recommend_cheapest_then_higher_mean_recall_then_smaller_window_then_best_below_target():
     r = np.zeros((3, 2, 1))
     r[2, :] = 1.0
     r[1, 1] = 0.96  # layer 1 meets the target with window 64 only
     choice = recommend({"a": r}, [0.3, 0.6, 0.9], (16, 64), 0.95)
     assert (choice.layer, choice.window, choice.meets_target) == (1, 64, True)
+    two = np.zeros((3, 2, 2))
+    two[1, 0], two[1, 1] = (0.96, 0.97), (0.96, 0.99)  # both windows of layer 1 pass, at one cost
+    assert recommend({"a": two}, [0.3, 0.6, 0.9], (16, 64), 0.95).window == 64  # the higher mean recall
+    two[1, 1] = (0.96, 0.97)
+    assert recommend({"a": two}, [0.3, 0.6, 0.9], (16, 64), 0.95).window == 16  # equal: the smaller window
     # a second task no configuration passes (every task must reach the target): the best worst case, then the cheapest
     choice = recommend({"a": r, "b": np.where(r > 0.9, 0.5, 0.1)}, [0.3, 0.6, 0.9], (16, 64), 0.95)
     assert not choice.meets_target and choice.worst == 0.5 and (choice.layer, choice.window) == (1, 64)

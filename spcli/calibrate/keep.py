@@ -18,7 +18,6 @@ import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -27,8 +26,9 @@ from spcli.engine import hf_pass, load
 from spcli.engine.prepare import prepare
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.engine.select import is_pruned, select_tokens
-from spcli.errors import InputError, OutputError, RecordError
+from spcli.errors import InputError, RecordError
 from spcli.evaluate import metrics
+from spcli.io.outdir import make_out_dir
 from spcli.io.read import read_records
 from spcli.io.records import Record, discover
 
@@ -197,11 +197,7 @@ def run_keep(cfg: KeepForConfig, log=print) -> dict:
     from spcli.calibrate.keep_report import plot, write_json
     from spcli.profiles import resolve_score
 
-    out = Path(cfg.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputError(f"cannot create --out {out}: {e}") from e
+    out = make_out_dir(cfg.out)
     t_start = time.perf_counter()
     records, num_valid = sample_records(cfg)
     stack = load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device)

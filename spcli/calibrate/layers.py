@@ -21,7 +21,6 @@ import os
 import platform
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,10 +35,11 @@ from spcli.engine.load import ModelStack, load_stack, parse_self
 from spcli.engine.select import select_tokens
 from spcli.engine.speculate import speculate
 from spcli.engine.tokenize import tokenize
-from spcli.errors import OutputError, SpcliError
+from spcli.errors import SpcliError
 from spcli.evaluate.compare import needle_spans
 from spcli.evaluate.metrics import covered
 from spcli.evaluate.tasks import Example, generate
+from spcli.io.outdir import make_out_dir
 from spcli.io.records import Record
 from spcli.kernels.score import smooth
 
@@ -86,10 +86,14 @@ class Choice:
 
 def recommend(recall: dict[str, np.ndarray], costs: list[float], windows: tuple[int, ...], target: float) -> Choice:
     """recall: per task, the mean over its prompts [L, NW, NK]. Every task must reach `target` at every keep
-    (a multi-fact task is not outvoted by easy single needles); the cheapest such (layer, window) wins, ties to
-    the smaller window. Where none does, the one with the best worst-case recall, marked below target."""
-    worst = np.nanmin(np.stack(list(recall.values())), axis=(0, 3))  # [L, NW]
-    order = sorted((costs[l], windows[w], l, w) for l in range(worst.shape[0]) for w in range(len(windows)))
+    (a multi-fact task is not outvoted by easy single needles); the cheapest such (layer, window) wins; at equal
+    cost (the windows of one layer) the higher mean recall, then the smaller window. Where none does, the one with
+    the best worst-case recall, marked below target."""
+    stacked = np.stack(list(recall.values()))  # [T, L, NW, NK]
+    worst = np.nanmin(stacked, axis=(0, 3))  # [L, NW]
+    mean = np.nanmean(stacked, axis=(0, 3))  # [L, NW]
+    order = sorted((costs[l], -mean[l, w], windows[w], l, w) for l in range(worst.shape[0]) for w in range(len(windows)))
+    order = [(cost, window, l, w) for cost, _, window, l, w in order]
     meeting = [c for c in order if worst[c[2], c[3]] >= target]
     if meeting:
         cost, window, l, w = meeting[0]
@@ -149,11 +153,7 @@ def _paper_recall(m: ModelStack, ids, spans, cfg: CalibrateConfig) -> tuple[list
 @torch.inference_mode()
 def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     """The sweep over built-in tasks; writes results.json, calibrate.png and (asked) the profile. Returns the results."""
-    out = Path(cfg.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputError(f"cannot create --out {out}: {e}") from e
+    out = make_out_dir(cfg.out)
     t_start = time.perf_counter()
     speculator = cfg.speculator or models.default_speculator(cfg.model)
     m = load_stack(cfg.model, speculator, cfg.dtype, cfg.device, with_base=parse_self(speculator) is not None)

@@ -6,12 +6,10 @@ import dataclasses
 import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 import transformers
 
-from spcli.errors import OutputError
 from spcli.evaluate import report
 from spcli.evaluate.compare import evaluate_example, load_models
 from spcli.evaluate.config import EvalConfig, is_auto
@@ -19,6 +17,7 @@ from spcli.evaluate.inputs import read_examples
 from spcli.evaluate.matched import compare_matched, matched_keeps, with_matched
 from spcli.evaluate.summary import summarize
 from spcli.evaluate.tasks import Example, generate
+from spcli.io.outdir import make_out_dir
 from spcli.profiles import resolve_score
 
 
@@ -50,11 +49,7 @@ def environment() -> dict:
 
 
 def run_eval(cfg: EvalConfig, log=print) -> dict:
-    out = Path(cfg.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputError(f"cannot create --out {out}: {e}") from e
+    out = make_out_dir(cfg.out)
     t_start = time.perf_counter()
     env_start = environment()
     m = load_models(cfg)

@@ -1,0 +1,43 @@
+"""Which speculator configuration a run gets: flags > calibrate profile > preset > the paper's recipe."""
+
+from __future__ import annotations
+
+import pytest
+
+from spcli import profiles
+from spcli.config import PAPER_SCORE, ScoreConfig
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPCLI_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_preset_self_score_applies_to_self_and_to_a_self_k_holding_its_layer(cache):
+    resolve = lambda spec: profiles.resolve_score(ScoreConfig(), "smollm2-135m", None, spec)
+    assert (resolve("self").window, resolve("self").lookahead, resolve("self").score_layers) == (32, 0, "14")
+    assert resolve("self:20").score_layers == "14"
+    paper = resolve("self:8")  # layer 14 is not among its 8 layers: the paper's recipe
+    assert (paper.window, paper.lookahead, paper.score_layers) == (PAPER_SCORE["window"], 8, "all")
+    assert resolve("llama-1b").lookahead == 8  # a separate speculator: the paper's recipe
+
+
+def test_a_profile_beats_the_preset_and_flags_beat_both(cache, tiny_dir):
+    assert profiles.score_defaults("x", tiny_dir, "self:2")[1] == "the paper's recipe"
+    path = profiles.write_profile(tiny_dir, "self:2", {"window": 16, "lookahead": 0, "score_layers": "1"}, {"why": 1})
+    assert path.parent == cache / "cache" / "profiles"
+    defaults, source = profiles.score_defaults("x", tiny_dir, "self:2")
+    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "1"} and source == f"profile {path}"
+    assert profiles.read_profile(tiny_dir, "self:3") is None  # keyed by the speculator too
+    got = profiles.resolve_score(ScoreConfig(window=4), "x", tiny_dir, "self:2")
+    assert (got.window, got.lookahead, got.score_layers) == (4, 0, "1")  # the flag wins, the rest from the profile
+
+
+def test_the_profile_key_follows_the_folder_content(cache, tmp_path, tiny_dir):
+    import shutil
+
+    copy = shutil.copytree(tiny_dir, tmp_path / "renamed")
+    assert profiles.model_key(copy) == profiles.model_key(tiny_dir)  # a renamed copy finds its profile
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace("4096", "2048"))
+    assert profiles.model_key(copy) != profiles.model_key(tiny_dir)  # a changed model does not
