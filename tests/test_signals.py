@@ -109,30 +109,31 @@ def test_second_ctrl_c_exits_at_once_without_committing_the_batch(tmp_path, tiny
 
 
 def test_ctrl_c_stops_a_long_batch_at_its_next_safe_point(tmp_path, tiny_dir):
-    """The second batch decodes 3000 tokens per row (many seconds); a Ctrl-C 0.5 s into it stops between
-    decode steps: exit 75 within a few seconds, only the first batch committed, the rest redone on resume."""
+    """The second batch decodes 1500 tokens per row; a Ctrl-C 0.2 s into it stops between decode steps:
+    exit 75 in a fraction of the time the batch takes (measured by the resume, which redoes it), only the
+    first batch committed."""
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": f"s{i}", "prompt": f"signal test prompt number {i} " * 4,
-                                       "max_tokens": 2 if i < 4 else 3000}) + "\n" for i in range(8)))
+                                       "max_tokens": 2 if i < 4 else 1500}) + "\n" for i in range(8)))
     out = tmp_path / "out"
     args = [str(src), "--out", str(out), "--model", str(tiny_dir), *ARGS]
     log = tmp_path / "stderr.log"
     proc = start(args, log, pause=0.0)
     wait_for_marker(proc, log)  # the first batch's part is renamed: the long batch starts now
-    time.sleep(0.5)
+    time.sleep(0.2)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     proc.wait(120)
     took = time.monotonic() - t0
     stderr = log.read_text(errors="replace")
     assert proc.returncode == 75, stderr
-    assert took < 5.0, f"took {took:.1f} s to stop"
     assert "WARNING the batch in flight (4 rows) was dropped at a safe point; it is redone on resume" in stderr
     assert "spcli: interrupted: stopped by SIGINT with 4 of 8 rows committed; run the same command again to resume" \
         in stderr
     assert sorted(r["id"] for r in read_outputs(out)) == ["s0", "s1", "s2", "s3"]
     t1 = time.monotonic()
-    res = CliRunner().invoke(app, ["run", *args])  # the resume finishes the long batch
+    res = CliRunner().invoke(app, ["run", *args])  # the resume redoes the long batch
+    batch_s = time.monotonic() - t1
     assert res.exit_code == 0, res.output
-    assert time.monotonic() - t1 > took, "the dropped batch takes longer than the stop did"
+    assert took < 0.5 * batch_s, f"stopping took {took:.1f} s; the batch takes {batch_s:.1f} s"
     assert sorted(r["id"] for r in read_outputs(out)) == [f"s{i}" for i in range(8)]
