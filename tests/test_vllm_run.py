@@ -288,3 +288,18 @@ def test_self_with_early_exit_keeps_what_the_hf_engine_keeps(vllm_base, chat_jso
     for rid, row in ours.items():
         assert row["error"] is None and row["kept_indices"] == hf[rid]["kept_indices"], rid
         assert row["num_kept_tokens"] < row["num_prompt_tokens"]
+
+
+@needs_vllm
+def test_keep_auto_runs_on_vllm(shared_engine, chat_jsonl, tiny_dir, tmp_path):
+    """--keep auto chooses each prompt's budget in the shared prepare stage; vLLM prefills what it chose."""
+    auto = ["--keep", "auto", "--keep-mass", "0.5", "--keep-min", "0.1", "--keep-max", "0.6", "--min-tokens", "16",
+            "--batch-size", "2", "--speculator", str(tiny_dir)]
+    code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "vllm"), "--engine", "vllm", *COMMON, *auto)
+    assert code == 0, (output, exc)
+    rows = read_rows(tmp_path / "vllm")
+    assert len(rows) == 6
+    for row in rows.values():
+        n = row["num_prompt_tokens"]
+        assert row["error"] is None and row["output"]
+        assert 0.1 * n <= row["num_kept_tokens"] <= max(-(-6 * n // 10), 4 + 64) < n  # within the bounds; forced floor
