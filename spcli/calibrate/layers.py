@@ -38,12 +38,11 @@ from spcli.engine.tokenize import tokenize
 from spcli.errors import SpcliError
 from spcli.evaluate.compare import needle_spans
 from spcli.evaluate.metrics import covered
-from spcli.evaluate.tasks import Example, generate
+from spcli.evaluate.tasks import GENERATION_ROOM, Example, task_examples
 from spcli.io.outdir import make_out_dir
 from spcli.io.records import Record
 from spcli.kernels.score import smooth
 
-GENERATION_ROOM = 64  # positions left free when a length meets the model's context (as in eval)
 
 
 def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int, ...], pool: int) -> torch.Tensor:
@@ -126,13 +125,7 @@ def timed_pass(model: nn.Module, ids: list[int], cap: QueryCapture, device: torc
 
 
 def build_examples(cfg: CalibrateConfig, tokenizer, max_positions: int, log) -> list[Example]:
-    examples = []
-    for n in cfg.lengths:
-        fitted = min(n, max_positions - GENERATION_ROOM)
-        if fitted < n:
-            log(f"length {n} does not fit the model's {max_positions} positions: using {fitted}")
-        examples += [ex for task in cfg.tasks for ex in generate(task, tokenizer, fitted, cfg.samples, cfg.seed)]
-    return examples
+    return task_examples(cfg.tasks, cfg.lengths, cfg.samples, cfg.seed, tokenizer, max_positions, log)
 
 
 def _tokens(m: ModelStack, example: Example) -> list[int]:

@@ -16,21 +16,13 @@ from spcli.evaluate.config import EvalConfig, is_auto
 from spcli.evaluate.inputs import read_examples
 from spcli.evaluate.matched import compare_matched, matched_keeps, with_matched
 from spcli.evaluate.summary import summarize
-from spcli.evaluate.tasks import Example, generate
+from spcli.evaluate.tasks import Example, task_examples
 from spcli.io.outdir import make_out_dir
 from spcli.profiles import resolve_score
 
 
-GENERATION_ROOM = 64  # tokens left free for the answer when a length meets the model's context
-
-
 def build_examples(cfg: EvalConfig, tokenizer, max_positions: int = 1 << 30, log=print) -> list[Example]:
-    examples = []
-    for n in cfg.lengths:
-        fitted = min(n, max_positions - GENERATION_ROOM)
-        if fitted < n:
-            log(f"length {n} leaves no room to answer in the model's {max_positions} positions: using {fitted}")
-        examples += [ex for task in cfg.tasks for ex in generate(task, tokenizer, fitted, cfg.samples, cfg.seed)]
+    examples = task_examples(cfg.tasks, cfg.lengths, cfg.samples, cfg.seed, tokenizer, max_positions, log)
     if cfg.inputs:
         examples += read_examples(cfg.inputs, cfg.samples)
     return examples

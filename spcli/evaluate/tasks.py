@@ -238,3 +238,17 @@ def generate(task: str, tokenizer, length: int, num_samples: int, seed: int) -> 
         out.append(Example(f"{task}-{length}-{seed}-{i}", task, messages=messages, answers=answers,
                            require_all=require_all, needles=needles, max_tokens=max_tokens, metadata=meta))
     return out
+
+
+GENERATION_ROOM = 64  # tokens left free for the answer when a length meets the model's context
+
+
+def task_examples(tasks, lengths, samples: int, seed: int, tokenizer, max_positions: int, log=print) -> list[Example]:
+    """The built-in tasks' seeded examples at each length, cut to fit the model's positions."""
+    examples = []
+    for n in lengths:
+        fitted = min(n, max_positions - GENERATION_ROOM)
+        if fitted < n:
+            log(f"length {n} leaves no room to answer in the model's {max_positions} positions: using {fitted}")
+        examples += [ex for task in tasks for ex in generate(task, tokenizer, fitted, samples, seed)]
+    return examples
