@@ -41,14 +41,14 @@ def main(argv: list[str] | None = None) -> None:
     from spcli.engine.request import PrunedRequest
     from spcli.engine.vllm_args import cpu_env_defaults
     from spcli.engine.vllm_engine import VllmEngine
-    from spcli.profiles import resolve_score
+    from spcli.profiles import resolve
 
     for key, value in cpu_env_defaults(1).items():
         os.environ.setdefault(key, value)
     cfg = RunConfig(inputs=("-",), out="-", model=args.model, engine="vllm", dtype=args.dtype,
                     select=SelectConfig(keep=args.keep, min_tokens=0))
     stack = load.load_stack(args.model, None, args.dtype, "cpu", with_base=False, needs_speculator=False)
-    cfg = dataclasses.replace(cfg, score=resolve_score(cfg.score, args.model, stack.path, stack.speculator_name))
+    cfg = resolve(cfg, args.model, stack.path, stack.speculator_name)
     engine = VllmEngine(cfg)
     prompts = make_prompts(engine.stack.tokenizer, args.n, args.batch, seed=0)
 

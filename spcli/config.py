@@ -45,7 +45,7 @@ class SelectConfig:
     """Which prompt tokens the base model prefills (DESIGN.md steps 7-9)."""
 
     keep: float | str = 0.1  # fraction of prompt tokens kept; 1.0 = full prefill, no speculator; "auto" = per prompt
-    chunk: int = 32  # tokens per chunk; chunks are kept or dropped whole
+    chunk: int | None = None  # tokens per chunk, kept or dropped whole; None = the model's (spcli.profiles)
     keep_first: int = 4  # attention sink / BOS, always kept
     keep_last: int = 64  # question + generation prompt, always kept
     min_tokens: int = 256  # prompts shorter than this are not pruned
@@ -55,7 +55,7 @@ class SelectConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", parse_keep(self.keep))  # the flag's text ("0.1", "auto") or a number
-        _check(self.chunk >= 1, f"--chunk must be >= 1, got {self.chunk}")
+        _check(self.chunk is None or self.chunk >= 1, f"--chunk must be >= 1, got {self.chunk}")
         _check(self.keep_first >= 0, f"--keep-first must be >= 0, got {self.keep_first}")
         _check(self.keep_last >= 0, f"--keep-last must be >= 0, got {self.keep_last}")
         _check(self.min_tokens >= 0, f"--min-tokens must be >= 0, got {self.min_tokens}")
@@ -74,14 +74,14 @@ class SelectConfig:
 class ScoreConfig:
     """How the speculator scores tokens (DESIGN.md steps 1-6).
 
-    window, lookahead and score_layers may be None: the model's default (a calibrate profile, else
-    its preset, else the paper's recipe `PAPER_SCORE`); `spcli.profiles.resolve_score` fills them.
+    window, lookahead, score_layers and pool may be None: the model's default (a calibrate profile,
+    else its preset, else the paper's recipe `PAPER_SCORE`); `spcli.profiles.resolve` fills them.
     """
 
     lookahead: int | None = None  # greedy tokens decoded past the prompt; each adds a query row
     window: int | None = None  # the last W prompt tokens' queries score, each causally; 0 = the last token only
     score_layers: str | None = None  # all | I | I-J | I,J,... (the speculator's layers; negatives from the end)
-    pool: int = 13  # average-pool kernel along the token axis; 1 = no smoothing
+    pool: int | None = None  # average-pool kernel along the token axis; 1 = no smoothing
     impl: str = "auto"  # scoring kernel: auto | torch | triton
 
     def __post_init__(self) -> None:
@@ -89,12 +89,13 @@ class ScoreConfig:
         _check(self.window is None or self.window >= 0, f"--window must be >= 0, got {self.window}")
         if self.score_layers is not None:
             parse_layers(self.score_layers)
-        _check(self.pool >= 1 and self.pool % 2 == 1, f"--pool must be an odd number >= 1, got {self.pool}")
+        _check(self.pool is None or (self.pool >= 1 and self.pool % 2 == 1),
+               f"--pool must be an odd number >= 1, got {self.pool}")
         _check(self.impl in ("auto", "torch", "triton"), f"--score-impl must be auto, torch or triton, got {self.impl!r}")
 
     @property
     def is_resolved(self) -> bool:
-        return None not in (self.lookahead, self.window, self.score_layers)
+        return None not in (self.lookahead, self.window, self.score_layers, self.pool)
 
     @property
     def num_prompt_rows(self) -> int:
@@ -107,7 +108,8 @@ class ScoreConfig:
         return resolve_layers(self.score_layers, num_layers)
 
 
-PAPER_SCORE = {"lookahead": 8, "window": 0, "score_layers": "all"}  # Speculative Prefill's recipe
+PAPER_SCORE = {"lookahead": 8, "window": 0, "score_layers": "all", "pool": 13}  # Speculative Prefill's recipe ...
+PAPER_CHUNK = 32  # ... and its selection chunk
 
 
 def parse_layers(spec: str) -> list[tuple[int, int]] | None:

@@ -31,11 +31,12 @@ class ModelPreset:
     quantization: str | None = None  # e.g. "fp8" (vllm engine)
     max_model_len: int | None = None  # vllm engine: fits the KV cache on the target node
     note: str = ""
-    self_score: dict | None = None  # ScoreConfig defaults when the model speculates for itself (self / self:K)
+    self_score: dict | None = None  # spcli.profiles.FIELDS defaults when the model speculates for itself (self / self:K)
 
 
 # `spcli calibrate --model smollm2-135m` (README): window 32, layer 14 alone, no look-ahead: runs 15 of 30 layers.
-SMOLLM2_SELF_SCORE = {"window": 32, "lookahead": 0, "score_layers": "14"}
+# Pool 31 and chunk 8 keep whole fact sentences (README, "Choosing pool and chunk").
+SMOLLM2_SELF_SCORE = {"window": 32, "lookahead": 0, "score_layers": "14", "pool": 31, "chunk": 8}
 # GemFilter (arXiv 2409.17422): Llama-3.1-8B's layer 13 filters; a starting point, not calibrated here.
 LLAMA_8B_SELF_SCORE = {"window": 32, "lookahead": 0, "score_layers": "13"}
 

@@ -1,9 +1,10 @@
 """Which speculator configuration a model gets when flags leave it open.
 
 Order, each filling only what the one before left unset: the flags (`--window`, `--lookahead`,
-`--score-layers`), a profile written by `spcli calibrate --write-profile` for this model folder and
-speculator, the preset's `self_score` when the model speculates for itself, and last the paper's
-recipe (look-ahead 8, every layer). Profiles live in $SPCLI_CACHE/profiles/, keyed by the model
+`--score-layers`, `--pool`, `--chunk`), a profile written by `spcli calibrate --write-profile` for
+this model folder and speculator, the preset's `self_score` when the model speculates for itself,
+and last the paper's recipe (look-ahead 8, every layer, pool 13, chunk 32). A profile or preset that
+leaves a field out gets the paper's value for it. Profiles live in $SPCLI_CACHE/profiles/, keyed by the model
 folder's content (config and weight files' names and sizes), so a renamed copy finds its profile
 and a changed model does not.
 """
@@ -17,10 +18,13 @@ import os
 from pathlib import Path
 
 from spcli import models
-from spcli.config import PAPER_SCORE, ScoreConfig, parse_layers
+from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig, parse_layers
 from spcli.engine.load import parse_self
 
-SCORE_FIELDS = ("window", "lookahead", "score_layers")
+SCORE_FIELDS = ("window", "lookahead", "score_layers", "pool")  # ScoreConfig's resolvable fields
+SELECT_FIELDS = ("chunk",)  # SelectConfig's
+FIELDS = SCORE_FIELDS + SELECT_FIELDS
+PAPER = {**PAPER_SCORE, "chunk": PAPER_CHUNK}
 
 
 def model_key(path: Path) -> str:
@@ -44,7 +48,7 @@ def read_profile(model_path: Path, speculator: str) -> dict | None:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return {k: doc["score"][k] for k in SCORE_FIELDS if k in doc.get("score", {})}
+    return {k: doc["score"][k] for k in FIELDS if k in doc.get("score", {})}
 
 
 def write_profile(model_path: Path, speculator: str, score: dict, evidence: dict) -> Path:
@@ -52,19 +56,19 @@ def write_profile(model_path: Path, speculator: str, score: dict, evidence: dict
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"model": str(model_path), "speculator": speculator,
-                               "score": {k: score[k] for k in SCORE_FIELDS}, "evidence": evidence}, indent=2))
+                               "score": {k: score[k] for k in FIELDS if k in score}, "evidence": evidence}, indent=2))
     os.replace(tmp, path)
     return path
 
 
 def score_defaults(model: str, model_path: Path | None, speculator: str) -> tuple[dict, str]:
-    """(window/lookahead/score_layers, where they come from) for a model and its resolved speculator."""
+    """(every field of FIELDS, where they come from) for a model and its resolved speculator."""
     if model_path is not None and (profile := read_profile(model_path, speculator)):
-        return {**PAPER_SCORE, **profile}, f"profile {profile_path(model_path, speculator)}"
+        return {**PAPER, **profile}, f"profile {profile_path(model_path, speculator)}"
     preset = models.PRESETS.get(model)
     if preset is not None and preset.self_score and _fits(preset.self_score, parse_self(speculator)):
-        return {**PAPER_SCORE, **preset.self_score}, f"preset {model}"
-    return dict(PAPER_SCORE), "the paper's recipe"
+        return {**PAPER, **preset.self_score}, f"preset {model}"
+    return dict(PAPER), "the paper's recipe"
 
 
 def _fits(score: dict, k: int | None) -> bool:
@@ -74,9 +78,25 @@ def _fits(score: dict, k: int | None) -> bool:
     return k == 0 or all(layer < k for a, b in parse_layers(score["score_layers"]) or [] for layer in (a, b))
 
 
+def _fill(cfg, fields: tuple[str, ...], defaults: dict):
+    return dataclasses.replace(cfg, **{k: defaults[k] for k in fields if getattr(cfg, k) is None})
+
+
 def resolve_score(score: ScoreConfig, model: str, model_path: Path | None, speculator: str) -> ScoreConfig:
     """`score` with every field the flags left unset (None) filled in."""
     if score.is_resolved:
         return score
-    defaults, _ = score_defaults(model, model_path, speculator)
-    return dataclasses.replace(score, **{k: defaults[k] for k in SCORE_FIELDS if getattr(score, k) is None})
+    return _fill(score, SCORE_FIELDS, score_defaults(model, model_path, speculator)[0])
+
+
+def resolve_select(select: SelectConfig, model: str, model_path: Path | None, speculator: str) -> SelectConfig:
+    """`select` with the chunk filled in where the flags left it unset."""
+    if select.chunk is not None:
+        return select
+    return _fill(select, SELECT_FIELDS, score_defaults(model, model_path, speculator)[0])
+
+
+def resolve(cfg, model: str, model_path: Path | None, speculator: str):
+    """A config dataclass with `score` and `select` fields (run, eval, bench, calibrate) with both resolved."""
+    return dataclasses.replace(cfg, score=resolve_score(cfg.score, model, model_path, speculator),
+                               select=resolve_select(cfg.select, model, model_path, speculator))

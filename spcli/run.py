@@ -27,7 +27,7 @@ from spcli.io.manifest import (
 )
 from spcli.io.read import check_shard, count_rows, read_records
 from spcli.io.records import Record, Shard, discover
-from spcli.profiles import resolve_score
+from spcli.profiles import resolve
 from spcli.progress import Progress
 from spcli.stop import StopAtSafePoint, StopRequest
 
@@ -140,7 +140,7 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     shards, task = my_shards(all_shards)
     model_path = str(models.locate(cfg.model))
     speculator = cfg.speculator or models.default_speculator(cfg.model)
-    cfg = dataclasses.replace(cfg, score=resolve_score(cfg.score, cfg.model, Path(model_path), speculator))
+    cfg = resolve(cfg, cfg.model, Path(model_path), speculator)
     if cfg.select.prunes and speculator != "self" and not speculator.startswith("self:"):
         models.locate(speculator)
     warnings = {s.index: check_shard(s, cfg.fields) for s in shards}

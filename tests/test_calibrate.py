@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from spcli.calibrate.config import CalibrateConfig
-from spcli.calibrate.layers import recommend, sweep_prompt, window_importance
+from spcli.calibrate.layers import Setting, recommend, settings_of, sweep_prompt, window_importance
 from spcli.config import ScoreConfig, SelectConfig
 from spcli.errors import ConfigError
 from spcli.kernels.score import smooth
@@ -43,6 +43,15 @@ def test_window_importance_matches_row_by_row(pool):
         assert torch.allclose(ref, got[i], atol=1e-6), f"window {w}: max err {(ref - got[i]).abs().max():.2e}"
 
 
+def test_window_importance_for_several_pools_equals_each_pool_alone():
+    torch.manual_seed(1)
+    query, key = torch.randn(4, 9, 8), torch.randn(2, 40, 8)
+    both = window_importance(query, key, (3, 9), (1, 13))
+    assert both.shape == (2, 2, 40)
+    for i, pool in enumerate((1, 13)):
+        torch.testing.assert_close(both[i], window_importance(query, key, (3, 9), pool))
+
+
 NEEDLE, DECOY, N = (1000, 1020), (100, 120), 2048
 
 
@@ -60,29 +69,47 @@ def constructed(num_layers=3, best=(1,), rows=64):
 
 def test_sweep_finds_the_layer_that_points_at_the_fact():
     queries, keys = constructed()
-    recall = sweep_prompt(queries, keys, [NEEDLE], (16, 64), (0.1, 0.2), SelectConfig(keep=1.0), 13)
+    settings = settings_of((16, 64), (13,), (32,))
+    recall = sweep_prompt(queries, keys, [NEEDLE], settings, (0.1, 0.2), SelectConfig(keep=1.0))
     assert recall.shape == (3, 2, 2)
     assert (recall[1] == 1.0).all()
     assert (recall[[0, 2]] == 0.0).all()
-    assert np.isnan(sweep_prompt(queries, keys, [], (16,), (0.1,), SelectConfig(keep=1.0), 13)).all()  # no fact located
+    assert np.isnan(sweep_prompt(queries, keys, [], settings[:1], (0.1,), SelectConfig(keep=1.0))).all()  # no fact located
 
-    choice = recommend({"niah": recall}, [0.3, 0.6, 0.9], (16, 64), 0.95)
+    choice = recommend({"niah": recall}, [0.3, 0.6, 0.9], settings, 0.95)
     assert (choice.layer, choice.window, choice.cost, choice.worst, choice.meets_target) == (1, 16, 0.6, 1.0, True)
+    assert (choice.pool, choice.chunk) == (13, 32)
+
+
+def test_sweep_finds_the_pool_and_chunk_that_keep_the_whole_fact():
+    """Queries point at 4 of the needle's 20 tokens only: token by token (chunk 1) without pooling keeps just those; a
+    pool as wide as the needle spreads the score over all of it, and so does a chunk holding the whole needle."""
+    queries, keys = constructed(best=(0, 1, 2))
+    keys[0][:] = 0.0
+    keys[0][0, 1008:1012, 0] = 1.0  # 4 of the needle's 20 tokens draw the attention
+    settings = settings_of((16,), (1, 21), (1, 32))
+    recall = sweep_prompt(queries, keys, [NEEDLE], settings, (0.05,), SelectConfig(keep=1.0, keep_last=0, keep_first=0,
+                                                                                     min_tokens=0))
+    by = {(s.pool, s.chunk): recall[0, i, 0] for i, s in enumerate(settings)}
+    assert by[(1, 1)] < 0.5 and by[(21, 1)] == 1.0 and by[(1, 32)] == by[(21, 32)] == 1.0
+    choice = recommend({"niah": recall}, [0.2, 0.5, 1.0], settings, 0.95)
+    assert choice.layer == 0 and (choice.pool, choice.chunk) != (1, 1) and choice.meets_target
 
 
 def test_recommend_cheapest_then_higher_mean_recall_then_smaller_window_then_best_below_target():
     r = np.zeros((3, 2, 1))
     r[2, :] = 1.0
     r[1, 1] = 0.96  # layer 1 meets the target with window 64 only
-    choice = recommend({"a": r}, [0.3, 0.6, 0.9], (16, 64), 0.95)
+    two_windows = [Setting(16, 13, 32), Setting(64, 13, 32)]
+    choice = recommend({"a": r}, [0.3, 0.6, 0.9], two_windows, 0.95)
     assert (choice.layer, choice.window, choice.meets_target) == (1, 64, True)
     two = np.zeros((3, 2, 2))
     two[1, 0], two[1, 1] = (0.96, 0.97), (0.96, 0.99)  # both windows of layer 1 pass, at one cost
-    assert recommend({"a": two}, [0.3, 0.6, 0.9], (16, 64), 0.95).window == 64  # the higher mean recall
+    assert recommend({"a": two}, [0.3, 0.6, 0.9], two_windows, 0.95).window == 64  # the higher mean recall
     two[1, 1] = (0.96, 0.97)
-    assert recommend({"a": two}, [0.3, 0.6, 0.9], (16, 64), 0.95).window == 16  # equal: the smaller window
+    assert recommend({"a": two}, [0.3, 0.6, 0.9], two_windows, 0.95).window == 16  # equal: the smaller window
     # a second task no configuration passes (every task must reach the target): the best worst case, then the cheapest
-    choice = recommend({"a": r, "b": np.where(r > 0.9, 0.5, 0.1)}, [0.3, 0.6, 0.9], (16, 64), 0.95)
+    choice = recommend({"a": r, "b": np.where(r > 0.9, 0.5, 0.1)}, [0.3, 0.6, 0.9], two_windows, 0.95)
     assert not choice.meets_target and choice.worst == 0.5 and (choice.layer, choice.window) == (1, 64)
 
 
@@ -93,6 +120,8 @@ def test_config_rejects_bad_values():
         CalibrateConfig(tasks=("nope",))
     with pytest.raises(ConfigError, match="--keep"):
         CalibrateConfig(keeps=(1.0,))
+    with pytest.raises(ConfigError, match="--pool"):
+        CalibrateConfig(pools=(13, 4))
 
 
 def test_cli_writes_results_plot_and_a_profile_that_flags_override(tiny_dir, tmp_path, monkeypatch):
@@ -102,20 +131,23 @@ def test_cli_writes_results_plot_and_a_profile_that_flags_override(tiny_dir, tmp
     monkeypatch.setenv("SPCLI_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "calib"
     args = ["calibrate", "--model", str(tiny_dir), "--speculator", "self", "--tasks", "niah", "--lengths", "300",
-            "--samples", "2", "--keep", "0.5", "--windows", "4,16", "--out", str(out), "--write-profile", "--device", "cpu"]
+            "--samples", "2", "--keep", "0.5", "--windows", "4,16", "--out", str(out), "--write-profile", "--device", "cpu",
+            "--pool", "5", "--chunk", "16,4"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
     doc = json.loads((out / "results.json").read_text())
     assert (out / "calibrate.png").stat().st_size > 0
-    assert doc["num_layers"] == 3 and len(doc["grid"]) == 3 * 2 and len(doc["examples"]) == 2
+    assert doc["num_layers"] == 3 and len(doc["grid"]) == 3 * 2 * 2 and len(doc["examples"]) == 2
     assert len(doc["costs"]) == 3 and doc["costs"] == sorted(doc["costs"]) and 0 < doc["costs"][-1] <= 1
     assert doc["paper"]["recall"]["niah"].keys() == {"0.5"}
     choice = doc["choice"]
-    assert f"choice: layer {choice['layer']}, window {choice['window']}" in result.output
+    assert f"choice: layer {choice['layer']}, window {choice['window']}, pool 5, chunk {choice['chunk']}" in result.output
+    assert choice["chunk"] in (16, 4) and [(s["pool"], s["chunk"]) for s in doc["settings"]] == [(5, 16), (5, 4)] * 2
 
-    want = {"window": choice["window"], "lookahead": 0, "score_layers": str(choice["layer"])}
+    want = {"window": choice["window"], "lookahead": 0, "score_layers": str(choice["layer"]), "pool": 5,
+            "chunk": choice["chunk"]}  # what was measured is stored
     assert profiles.read_profile(tiny_dir, "self") == want
     defaults, source = profiles.score_defaults(str(tiny_dir), tiny_dir, "self")
     assert defaults == want and source.startswith("profile")
     flagged = profiles.resolve_score(ScoreConfig(window=7), str(tiny_dir), tiny_dir, "self")
-    assert (flagged.window, flagged.lookahead, flagged.score_layers) == (7, 0, str(choice["layer"]))
+    assert (flagged.window, flagged.lookahead, flagged.score_layers, flagged.pool) == (7, 0, str(choice["layer"]), 5)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from spcli.calibrate.keep import KeepForConfig, recommend, run_flags, sample_records
 from spcli.cli import app
-from spcli.config import SelectConfig
+from spcli.config import ScoreConfig, SelectConfig
 from spcli.errors import ConfigError
 
 
@@ -71,6 +71,8 @@ def test_recommend_takes_the_smallest_kept_fraction_that_meets_the_target():
     assert recommend(summary, KeepForConfig(inputs=("x",), target_agreement=0.99)) is None
     flags = run_flags(KeepForConfig(inputs=("x",), select=SelectConfig(keep="auto", keep_mass=0.8)), "auto")
     assert flags == "spcli run INPUT... --out DIR --model smollm2-135m --keep auto --keep-mass 0.8 --keep-min 0.05 --keep-max 0.5"
+    flags = run_flags(KeepForConfig(inputs=("x",), select=SelectConfig(chunk=16), score=ScoreConfig(pool=5)), 0.2)
+    assert flags == "spcli run INPUT... --out DIR --model smollm2-135m --keep 0.2 --pool 5 --chunk 16"  # given flags only
 
 
 def test_bad_keep_for_flags_are_clear_errors(tmp_path, write_jsonl):

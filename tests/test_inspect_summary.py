@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from spcli import profiles
 from spcli.cli import app
-from spcli.config import RunConfig, SelectConfig
+from spcli.config import PAPER_SCORE, RunConfig, SelectConfig
 from spcli.errors import OutputError
 from spcli.io import commit
 from spcli.io.manifest import Manifest, ShardProgress, input_identity
@@ -34,6 +35,7 @@ def write_run(out: Path, model_dir: Path, records: list[dict], results: list[dic
     rows = [RowResult(**{"id": rec["id"], "shard": str(shard), "row": i, **res}) for i, (rec, res) in enumerate(zip(records, results))]
     cfg = RunConfig(inputs=(str(shard),), out=str(out), model=str(model_dir), speculator="self:2", dtype="float32",
                     save_scores=save_scores, select=select, output_format=fmt)
+    cfg = profiles.resolve(cfg, cfg.model, model_dir, "self:2")  # as spcli run stores it
     prog = ShardProgress(str(shard), next_row=len(rows), rows=len(rows), failed=sum(r.error is not None for r in rows),
                          prompt_tokens=sum(r.num_prompt_tokens for r in rows), kept_tokens=sum(r.num_kept_tokens for r in rows),
                          total_rows=len(rows) if extra_lines == 0 else None, done=extra_lines == 0)
@@ -87,7 +89,7 @@ def test_summary_numbers(known_run):
     assert s.ttft_quantiles["p90"] == pytest.approx(3.7)
     assert s.speculate_s == pytest.approx(2.0) and s.wall_s == pytest.approx(12.5)
     assert s.config["keep"] == 0.2 and s.config["chunk"] == 8 and s.config["speculator"] == "self:2"
-    assert s.config["lookahead"] == RunConfig(inputs=("x",), out="o").score.lookahead and s.config["pool"] == 13
+    assert s.config["lookahead"] == PAPER_SCORE["lookahead"] and s.config["pool"] == PAPER_SCORE["pool"]  # resolved
     assert len(s.errors) == 1
     assert (s.errors[0].message, s.errors[0].count) == ("field 'prompt' must be a string, got int", 2)
     assert s.errors[0].example.startswith("/data/in.jsonl:line 5:")
@@ -135,7 +137,7 @@ def test_jsonl_parts_read_the_same(tmp_path, tiny_dir):
 
     records = [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}, {"id": "c", "prompt": "z"}]
     results = [ok_row(10, [0, 1], 1.0), ok_row(10, list(range(10)), 2.0), dict(error="boom")]
-    run = load_run(write_run(tmp_path / "o", tiny_dir, records, results, SelectConfig(), fmt="jsonl"))
+    run = load_run(write_run(tmp_path / "o", tiny_dir, records, results, SelectConfig(chunk=32), fmt="jsonl"))
     s = summarize(run)
     assert (s.num_rows, s.num_failed, s.num_pending, s.num_kept_tokens) == (3, 1, 0, 12)
     assert run.find(row_id="b")["num_kept_tokens"] == 10 and run.find(index=2)["error"] == "boom"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spcli import profiles
-from spcli.config import PAPER_SCORE, ScoreConfig
+from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig
 
 
 @pytest.fixture()
@@ -21,6 +21,10 @@ def test_preset_self_score_applies_to_self_and_to_a_self_k_holding_its_layer(cac
     paper = resolve("self:8")  # layer 14 is not among its 8 layers: the paper's recipe
     assert (paper.window, paper.lookahead, paper.score_layers) == (PAPER_SCORE["window"], 8, "all")
     assert resolve("llama-1b").lookahead == 8  # a separate speculator: the paper's recipe
+    assert (resolve("self").pool, resolve("self:8").pool) == (31, PAPER_SCORE["pool"])
+    chunk = lambda spec: profiles.resolve_select(SelectConfig(), "smollm2-135m", None, spec).chunk
+    assert (chunk("self"), chunk("self:8"), chunk("llama-1b")) == (8, PAPER_CHUNK, PAPER_CHUNK)
+    assert profiles.resolve_select(SelectConfig(chunk=16), "smollm2-135m", None, "self").chunk == 16  # the flag wins
 
 
 def test_a_profile_beats_the_preset_and_flags_beat_both(cache, tiny_dir):
@@ -28,10 +32,15 @@ def test_a_profile_beats_the_preset_and_flags_beat_both(cache, tiny_dir):
     path = profiles.write_profile(tiny_dir, "self:2", {"window": 16, "lookahead": 0, "score_layers": "1"}, {"why": 1})
     assert path.parent == cache / "cache" / "profiles"
     defaults, source = profiles.score_defaults("x", tiny_dir, "self:2")
-    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "1"} and source == f"profile {path}"
+    # a profile without pool and chunk (an older calibrate) gets the paper's, which that calibrate measured with
+    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "1", "pool": 13, "chunk": 32}
+    assert source == f"profile {path}"
     assert profiles.read_profile(tiny_dir, "self:3") is None  # keyed by the speculator too
     got = profiles.resolve_score(ScoreConfig(window=4), "x", tiny_dir, "self:2")
     assert (got.window, got.lookahead, got.score_layers) == (4, 0, "1")  # the flag wins, the rest from the profile
+    profiles.write_profile(tiny_dir, "self:2", {"window": 16, "lookahead": 0, "score_layers": "1", "pool": 21, "chunk": 4}, {})
+    got = profiles.resolve_score(ScoreConfig(), "x", tiny_dir, "self:2")
+    assert got.pool == 21 and profiles.resolve_select(SelectConfig(), "x", tiny_dir, "self:2").chunk == 4
 
 
 def test_the_profile_key_follows_the_folder_content(cache, tmp_path, tiny_dir):

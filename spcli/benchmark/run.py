@@ -24,7 +24,7 @@ from spcli.benchmark.qps import CostModel, max_qps
 from spcli.benchmark.stages import Timing, make_prompts, run_full, run_spec
 from spcli.engine import load
 from spcli.engine.load import ModelStack
-from spcli.profiles import resolve_score
+from spcli.profiles import resolve
 
 
 def load_models(cfg: BenchConfig) -> ModelStack:
@@ -76,7 +76,8 @@ def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
     check_lengths(cfg)
     m = load_models(cfg)
     tokenizer, spec_name, dtype = m.tokenizer, m.speculator_name, m.dtype
-    score = resolve_score(cfg.score, cfg.model, m.path, spec_name)
+    cfg = resolve(cfg, cfg.model, m.path, spec_name)
+    score = cfg.score
     torch.manual_seed(cfg.seed)
     results = []
     for length in cfg.lengths:

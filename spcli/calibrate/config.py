@@ -20,7 +20,8 @@ class CalibrateConfig:
     keeps: tuple[float, ...] = (0.1, 0.2)  # the target must hold at every one
     windows: tuple[int, ...] = (16, 32, 64)  # observation windows W (last W prompt queries, causal)
     target: float = 0.95  # mean fact-token recall each task must reach at each keep
-    pool: int = 13
+    pools: tuple[int, ...] = ()  # average-pool kernels swept; () = the model's one (spcli.profiles)
+    chunks: tuple[int, ...] = ()  # selection chunks swept; () = the model's one
     paper: bool = True  # also score the paper's recipe (every layer, look-ahead 8) for reference
     write_profile: bool = False  # store the choice where `spcli run` picks it up
     dtype: str | None = None
@@ -39,7 +40,10 @@ class CalibrateConfig:
         _check(bool(self.windows) and all(w >= 1 for w in self.windows), f"--windows must be >= 1, got {self.windows}")
         _check(len(set(self.windows)) == len(self.windows), f"--windows has repeats: {self.windows}")
         _check(0.0 < self.target <= 1.0, f"--target must be in (0, 1], got {self.target}")
-        _check(self.pool >= 1 and self.pool % 2 == 1, f"--pool must be an odd number >= 1, got {self.pool}")
+        _check(all(p >= 1 and p % 2 == 1 for p in self.pools), f"--pool values must be odd numbers >= 1, got {self.pools}")
+        _check(all(c >= 1 for c in self.chunks), f"--chunk values must be >= 1, got {self.chunks}")
+        _check(len(set(self.pools)) == len(self.pools) and len(set(self.chunks)) == len(self.chunks),
+               f"--pool / --chunk have repeats: {self.pools} / {self.chunks}")
         _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
     @property

@@ -188,23 +188,25 @@ def run_flags(cfg: KeepForConfig, policy: float | str) -> str:
         flags.append(f"--keep auto --keep-mass {s.keep_mass:g} --keep-min {s.keep_min:g} --keep-max {s.keep_max:g}")
     else:
         flags.append(f"--keep {policy:g}")
-    user_score = {"window": cfg.score.window, "lookahead": cfg.score.lookahead, "score-layers": cfg.score.score_layers}
+    user_score = {"window": cfg.score.window, "lookahead": cfg.score.lookahead, "score-layers": cfg.score.score_layers,
+                  "pool": cfg.score.pool, "chunk": cfg.select.chunk}
     flags += [f"--{k} {v}" for k, v in user_score.items() if v is not None]
     return "spcli run INPUT... --out DIR " + " ".join(flags)
 
 
 def run_keep(cfg: KeepForConfig, log=print) -> dict:
     from spcli.calibrate.keep_report import plot, write_json
-    from spcli.profiles import resolve_score
+    from spcli.profiles import resolve
 
     out = make_out_dir(cfg.out)
     t_start = time.perf_counter()
     records, num_valid = sample_records(cfg)
     stack = load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device)
-    score = resolve_score(cfg.score, cfg.model, stack.path, stack.speculator_name)
+    resolved = resolve(cfg, cfg.model, stack.path, stack.speculator_name)  # cfg keeps the user's flags for run_flags
+    score = resolved.score
     log(f"calibrate keep: {len(records)} of {num_valid} records, keep {', '.join(map(str, cfg.policies))}, "
         f"speculator {stack.speculator_name} (window {score.window}, look-ahead {score.lookahead}, layers {score.score_layers})")
-    rows, errors = measure(stack, records, dataclasses.replace(cfg, score=score), log)
+    rows, errors = measure(stack, records, resolved, log)
     summary = summarize(rows, cfg)
     best = recommend(summary, cfg)
     metric, value = cfg.target

@@ -1,16 +1,17 @@
-"""Layer/window calibration: which single speculator layer and observation window keep the facts.
+"""Layer/window calibration: which single speculator layer, observation window, pool and chunk keep the facts.
 
 Per prompt, one full speculator pass (every layer, no look-ahead, no cache) captures each layer's
 last max(W) post-RoPE query rows and its keys; per-layer forward hooks time that same pass. Then,
-for every layer l and window W, without running the model again:
+for every layer l and setting (window W, pool P, chunk C), without running the model again:
 
     p[h, s, :] = softmax(q[l, h, s] . K[l]^T / sqrt(D)) over keys j <= pos(s)   (causal rows), fp32
-    importance = mean over the last W rows of max_h avgpool(p)[h, s, :]          (DESIGN.md steps 2-5)
+    importance = mean over the last W rows of max_h avgpool_P(p)[h, s, :]        (DESIGN.md steps 2-5)
 
-selection at every keep, and fact-token recall = the fraction of the needle sentences' tokens kept.
-cost(l) = the share of the full forward spent up to the end of layer l (embeddings included): what
-an early-exit speculator scoring at layer l pays. The choice: the cheapest (layer, window), ties to
-the smaller window, whose mean recall reaches the target on every task at every keep.
+selection in chunks of C at every keep, and fact-token recall = the fraction of the needle sentences'
+tokens kept. cost(l) = the share of the full forward spent up to the end of layer l (embeddings
+included): what an early-exit speculator scoring at layer l pays. The choice: the cheapest (layer,
+setting), ties to the higher mean recall, then the smaller window, whose mean recall reaches the
+target on every task at every keep.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import nn
 from spcli import models, profiles
 from spcli.calibrate import report
 from spcli.calibrate.config import CalibrateConfig
-from spcli.config import PAPER_SCORE, ScoreConfig, SelectConfig
+from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig
 from spcli.engine.capture import QueryCapture
 from spcli.engine.load import ModelStack, load_stack, parse_self
 from spcli.engine.select import select_tokens
@@ -45,9 +46,27 @@ from spcli.kernels.score import smooth
 
 
 
-def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int, ...], pool: int) -> torch.Tensor:
-    """One layer's importance for each window. query: [H, R, D], the last R prompt rows (row s sits at
-    position n - R + s); key: [KVH, n, D]. Returns [len(windows), n] float32; a window longer than R uses R rows."""
+@dataclass(frozen=True)
+class Setting:
+    """How one layer's window rows become kept tokens: observation window, pool kernel, selection chunk."""
+
+    window: int
+    pool: int
+    chunk: int
+
+    def label(self) -> str:
+        return f"W{self.window} pool {self.pool} chunk {self.chunk}"
+
+
+def settings_of(windows: tuple[int, ...], pools: tuple[int, ...], chunks: tuple[int, ...]) -> list[Setting]:
+    """Every combination, windows outer, then pools, then chunks."""
+    return [Setting(w, p, c) for w in windows for p in pools for c in chunks]
+
+
+def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int, ...], pool: int | tuple[int, ...]) -> torch.Tensor:
+    """One layer's importance for each (pool, window). query: [H, R, D], the last R prompt rows (row s sits at
+    position n - R + s); key: [KVH, n, D]. Returns [len(windows), n] float32 for one pool, [len(pools),
+    len(windows), n] for a tuple of them; a window longer than R uses R rows."""
     num_heads, num_rows, head_dim = query.shape
     num_kv_heads, n, _ = key.shape
     group = num_heads // num_kv_heads
@@ -55,22 +74,29 @@ def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int
     logits = torch.bmm(q, key.float().transpose(1, 2)).reshape(num_heads, num_rows, n) * head_dim**-0.5
     positions = torch.arange(n - num_rows, n, device=key.device)  # [R]
     logits.masked_fill_(torch.arange(n, device=key.device)[None, :] > positions[:, None], float("-inf"))
-    best = smooth(torch.softmax(logits, dim=-1), pool).amax(dim=0)  # [R, n]
-    return torch.stack([best[-min(w, num_rows):].mean(dim=0) for w in windows])
+    probs = torch.softmax(logits, dim=-1)  # [H, R, n]
+    out = []
+    for p in (pool,) if isinstance(pool, int) else pool:
+        best = smooth(probs, p).amax(dim=0)  # [R, n]
+        out.append(torch.stack([best[-min(w, num_rows):].mean(dim=0) for w in windows]))
+    return out[0] if isinstance(pool, int) else torch.stack(out)
 
 
-def sweep_prompt(queries: torch.Tensor, keys: list[torch.Tensor], spans: list[tuple[int, int]], windows: tuple[int, ...],
-                 keeps: tuple[float, ...], select: SelectConfig, pool: int) -> np.ndarray:
-    """Fact-token recall of one prompt for every (layer, window, keep): [L, len(windows), len(keeps)], NaN
+def sweep_prompt(queries: torch.Tensor, keys: list[torch.Tensor], spans: list[tuple[int, int]], settings: list[Setting],
+                 keeps: tuple[float, ...], select: SelectConfig) -> np.ndarray:
+    """Fact-token recall of one prompt for every (layer, setting, keep): [L, len(settings), len(keeps)], NaN
     without needle spans. queries: [L, H, R, D]; keys: L x [KVH, n, D]."""
-    recall = np.full((len(keys), len(windows), len(keeps)), np.nan)
+    recall = np.full((len(keys), len(settings), len(keeps)), np.nan)
     if not spans:
         return recall
+    windows, pools = tuple(sorted({s.window for s in settings})), tuple(sorted({s.pool for s in settings}))
     for layer, key in enumerate(keys):
-        importance = window_importance(queries[layer], key, windows, pool).cpu()  # [NW, n]
-        for w in range(len(windows)):
+        importance = window_importance(queries[layer], key, windows, pools).cpu()  # [NP, NW, n]
+        for i, s in enumerate(settings):
+            scores = importance[pools.index(s.pool), windows.index(s.window)]
+            chunked = dataclasses.replace(select, chunk=s.chunk)
             for k, keep in enumerate(keeps):
-                recall[layer, w, k] = covered(select_tokens(importance[w], select, keep), spans)
+                recall[layer, i, k] = covered(select_tokens(scores, chunked, keep), spans)
     return recall
 
 
@@ -78,27 +104,30 @@ def sweep_prompt(queries: torch.Tensor, keys: list[torch.Tensor], spans: list[tu
 class Choice:
     layer: int
     window: int
+    pool: int
+    chunk: int
     cost: float  # share of the full speculator forward
     worst: float  # the lowest of the per-task mean recalls over the keeps asked
     meets_target: bool
 
 
-def recommend(recall: dict[str, np.ndarray], costs: list[float], windows: tuple[int, ...], target: float) -> Choice:
-    """recall: per task, the mean over its prompts [L, NW, NK]. Every task must reach `target` at every keep
-    (a multi-fact task is not outvoted by easy single needles); the cheapest such (layer, window) wins; at equal
-    cost (the windows of one layer) the higher mean recall, then the smaller window. Where none does, the one with
-    the best worst-case recall, marked below target."""
-    stacked = np.stack(list(recall.values()))  # [T, L, NW, NK]
-    worst = np.nanmin(stacked, axis=(0, 3))  # [L, NW]
-    mean = np.nanmean(stacked, axis=(0, 3))  # [L, NW]
-    order = sorted((costs[l], -mean[l, w], windows[w], l, w) for l in range(worst.shape[0]) for w in range(len(windows)))
-    order = [(cost, window, l, w) for cost, _, window, l, w in order]
-    meeting = [c for c in order if worst[c[2], c[3]] >= target]
+def recommend(recall: dict[str, np.ndarray], costs: list[float], settings: list[Setting], target: float) -> Choice:
+    """recall: per task, the mean over its prompts [L, NS, NK]. Every task must reach `target` at every keep
+    (a multi-fact task is not outvoted by easy single needles); the cheapest such (layer, setting) wins; at equal
+    cost (the settings of one layer) the higher mean recall, then the smaller window, then the earlier setting.
+    Where none does, the one with the best worst-case recall, marked below target."""
+    stacked = np.stack(list(recall.values()))  # [T, L, NS, NK]
+    worst = np.nanmin(stacked, axis=(0, 3))  # [L, NS]
+    mean = np.nanmean(stacked, axis=(0, 3))  # [L, NS]
+    order = sorted((costs[l], -mean[l, i], settings[i].window, i, l) for l in range(worst.shape[0]) for i in range(len(settings)))
+    order = [(l, i) for *_, i, l in order]
+    meeting = [c for c in order if worst[c] >= target]
     if meeting:
-        cost, window, l, w = meeting[0]
+        l, i = meeting[0]
     else:  # the best worst case; among equals the first, i.e. the cheapest
-        cost, window, l, w = order[max(range(len(order)), key=lambda i: (worst[order[i][2], order[i][3]], -i))]
-    return Choice(l, window, cost, float(worst[l, w]), bool(meeting))
+        l, i = order[max(range(len(order)), key=lambda j: (worst[order[j]], -j))]
+    s = settings[i]
+    return Choice(l, s.window, s.pool, s.chunk, costs[l], float(worst[l, i]), bool(meeting))
 
 
 def timed_pass(model: nn.Module, ids: list[int], cap: QueryCapture, device: torch.device) -> tuple[list[float], float]:
@@ -134,12 +163,14 @@ def _tokens(m: ModelStack, example: Example) -> list[int]:
 
 
 def _paper_recall(m: ModelStack, ids, spans, cfg: CalibrateConfig) -> tuple[list[float], float]:
-    """The paper's recipe (every layer, last token + look-ahead 8): recall per keep, and its wall time."""
-    score = ScoreConfig(**PAPER_SCORE, pool=cfg.pool)
+    """The paper's recipe (every layer, last token + look-ahead 8, pool 13, chunk 32): recall per keep, and its
+    wall time."""
+    score = ScoreConfig(**PAPER_SCORE)
     t0 = time.perf_counter()
     spec = speculate(m.speculator, ids, score, m.eos_ids, m.device)
     wall = time.perf_counter() - t0
-    recall = [covered(select_tokens(spec.importance, cfg.select, keep), spans) for keep in cfg.keeps]
+    select = dataclasses.replace(cfg.select, chunk=PAPER_CHUNK)
+    recall = [covered(select_tokens(spec.importance, select, keep), spans) for keep in cfg.keeps]
     return [math.nan if r is None else r for r in recall], wall
 
 
@@ -152,9 +183,12 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     m = load_stack(cfg.model, speculator, cfg.dtype, cfg.device, with_base=parse_self(speculator) is not None)
     model = m.speculator
     num_layers = model.config.num_hidden_layers
+    defaults, _ = profiles.score_defaults(cfg.model, m.path, m.speculator_name)  # unset pools and chunks: the model's
+    cfg = dataclasses.replace(cfg, pools=cfg.pools or (defaults["pool"],), chunks=cfg.chunks or (defaults["chunk"],))
+    settings = settings_of(cfg.windows, cfg.pools, cfg.chunks)
     examples = build_examples(cfg, m.tokenizer, m.max_positions, log)
     log(f"calibrate: {len(examples)} prompts, speculator {m.speculator_name} ({num_layers} layers), windows "
-        f"{', '.join(map(str, cfg.windows))}, keep {', '.join(map(str, cfg.keeps))}, device {m.device}")
+        f"{', '.join(map(str, cfg.windows))}, pools {', '.join(map(str, cfg.pools))}, chunks {', '.join(map(str, cfg.chunks))}, keep {', '.join(map(str, cfg.keeps))}, device {m.device}")
     per_task: dict[str, list[np.ndarray]] = {t: [] for t in cfg.tasks}
     paper: dict[str, list[list[float]]] = {t: [] for t in cfg.tasks}
     fractions, paper_ratio, rows = [], [], []
@@ -169,7 +203,7 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
         queries = cap.queries()[:, 0]  # [L, H, R, D]
         keys = [cap.keys[layer][0] for layer in range(num_layers)]  # L x [KVH, n, D]
         t1 = time.perf_counter()
-        recall = sweep_prompt(queries, keys, spans, cfg.windows, cfg.keeps, cfg.select, cfg.pool)
+        recall = sweep_prompt(queries, keys, spans, settings, cfg.keeps, cfg.select)
         sweep_s = time.perf_counter() - t1
         del cap, queries, keys
         per_task[ex.task].append(recall)
@@ -189,11 +223,11 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     if not recall:
         raise SpcliError("no prompt had a fact whose tokens could be located; use tasks with needles (niah, niah-multi, multidoc-qa)")
     costs = np.median(np.array(fractions), axis=0).tolist()  # per layer; monotone like each pass's marks
-    choice = recommend(recall, costs, cfg.windows, cfg.target)
+    choice = recommend(recall, costs, settings, cfg.target)
     results = {
         "config": cfg.to_dict(), "model_path": str(m.path), "speculator": m.speculator_name, "num_layers": num_layers,
-        "costs": costs, "windows": list(cfg.windows), "keeps": list(cfg.keeps), "tasks": list(recall),
-        "grid": report.grid(recall, costs, cfg.windows, cfg.keeps),
+        "costs": costs, "settings": [dataclasses.asdict(s) for s in settings], "keeps": list(cfg.keeps),
+        "tasks": list(recall), "grid": report.grid(recall, costs, settings, cfg.keeps),
         "choice": dataclasses.asdict(choice),
         "paper": {"recall": {t: dict(zip(map(str, cfg.keeps), np.nanmean(np.array(v), axis=0).tolist()))
                              for t, v in paper.items() if v},
@@ -204,8 +238,10 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
         "wall_s": time.perf_counter() - t_start,
     }
     if cfg.write_profile:
-        score = {"window": choice.window, "lookahead": 0, "score_layers": str(choice.layer)}
-        chosen = report.cell(recall, choice.layer, cfg.windows.index(choice.window), cfg.keeps)
+        score = {"window": choice.window, "lookahead": 0, "score_layers": str(choice.layer), "pool": choice.pool,
+                 "chunk": choice.chunk}
+        chosen = report.cell(recall, choice.layer, settings.index(Setting(choice.window, choice.pool, choice.chunk)),
+                             cfg.keeps)
         evidence = {"choice": results["choice"], "recall": chosen, "costs": costs, "target": cfg.target,
                     "tasks": list(recall), "lengths": list(cfg.lengths), "samples": cfg.samples, "seed": cfg.seed,
                     "results": str(out.resolve() / "results.json")}

@@ -1,4 +1,6 @@
-"""Calibrate output: the (layer, window) grid, a terminal table, results.json and calibrate.png (matplotlib Agg)."""
+"""Calibrate output: the (layer, setting) grid, a terminal table, results.json and calibrate.png (matplotlib Agg).
+
+A setting is a (window, pool, chunk) of spcli.calibrate.layers.Setting; results hold them as dicts."""
 
 from __future__ import annotations
 
@@ -12,19 +14,46 @@ import numpy as np
 MARKERS = ("o", "s", "^", "v", "D", "x")
 
 
-def cell(recall: dict[str, np.ndarray], layer: int, w: int, keeps: tuple[float, ...]) -> dict[str, dict[str, float]]:
-    """{task: {keep: mean recall}} of one (layer, window index); recall[task] is [L, NW, NK]."""
-    return {t: {str(keep): float(r[layer, w, k]) for k, keep in enumerate(keeps)} for t, r in recall.items()}
+SETTING = ("window", "pool", "chunk")
+TABLE_ALL_UP_TO = 3  # settings per layer printed in full; beyond, each layer's best (results.json has all)
 
 
-def grid(recall: dict[str, np.ndarray], costs: list[float], windows: tuple[int, ...], keeps: tuple[float, ...]) -> list[dict]:
-    """One entry per (layer, window), layers outer: recall per task and keep, the worst of them, the layer's cost."""
+def cell(recall: dict[str, np.ndarray], layer: int, i: int, keeps: tuple[float, ...]) -> dict[str, dict[str, float]]:
+    """{task: {keep: mean recall}} of one (layer, setting index); recall[task] is [L, NS, NK]."""
+    return {t: {str(keep): float(r[layer, i, k]) for k, keep in enumerate(keeps)} for t, r in recall.items()}
+
+
+def grid(recall: dict[str, np.ndarray], costs: list[float], settings: list, keeps: tuple[float, ...]) -> list[dict]:
+    """One entry per (layer, setting), layers outer: recall per task and keep, the worst of them, the layer's cost."""
     out = []
     for layer, cost in enumerate(costs):
-        for w, window in enumerate(windows):
-            c = cell(recall, layer, w, keeps)
+        for i, s in enumerate(settings):
+            c = cell(recall, layer, i, keeps)
             worst = min((v for per_keep in c.values() for v in per_keep.values() if not math.isnan(v)), default=math.nan)
-            out.append({"layer": layer, "window": window, "cost": cost, "recall": c, "worst": worst})
+            mean = float(np.nanmean([v for per_keep in c.values() for v in per_keep.values()] or [math.nan]))
+            out.append({"layer": layer, "window": s.window, "pool": s.pool, "chunk": s.chunk, "cost": cost,
+                        "recall": c, "worst": worst, "mean": mean})
+    return out
+
+
+def _rank(e: dict) -> tuple:
+    """The better entry sorts first: worst recall, then mean recall (NaN last)."""
+    nan_low = lambda v: -1.0 if v is None or math.isnan(v) else v
+    return (-nan_low(e["worst"]), -nan_low(e.get("mean", math.nan)))
+
+
+def shown(results: dict) -> list[dict]:
+    """The table's rows: every entry for a few settings, else each layer's best plus the choice."""
+    if len(results["settings"]) <= TABLE_ALL_UP_TO:
+        return results["grid"]
+    choice = tuple(results["choice"][k] for k in ("layer",) + SETTING)
+    out = []
+    for layer in range(len(results["costs"])):
+        entries = [e for e in results["grid"] if e["layer"] == layer]
+        best = sorted(entries, key=_rank)[0]
+        out.append(best)
+        chosen = [e for e in entries if tuple(e[k] for k in ("layer",) + SETTING) == choice and e is not best]
+        out += chosen
     return out
 
 
@@ -33,18 +62,20 @@ def _num(v: float) -> str:
 
 
 def text_table(results: dict) -> str:
-    """layer, window, recall per task and keep, the worst of them, cost; the choice marked with *."""
+    """layer, window, pool, chunk, recall per task and keep, the worst of them, cost; the choice marked with *."""
     keeps, tasks, choice = [str(k) for k in results["keeps"]], results["tasks"], results["choice"]
-    header = ["layer", "window"] + [f"{t}@{k}" for t in tasks for k in keeps] + ["worst", "cost"]
+    header = ["layer", *SETTING] + [f"{t}@{k}" for t in tasks for k in keeps] + ["worst", "cost"]
     rows = [header]
-    for e in results["grid"]:
-        mark = "*" if (e["layer"], e["window"]) == (choice["layer"], choice["window"]) else ""
-        rows.append([f"{mark}{e['layer']}", str(e["window"])] + [_num(e["recall"][t][k]) for t in tasks for k in keeps]
-                    + [_num(e["worst"]), _num(e["cost"])])
+    key = ("layer",) + SETTING
+    for e in shown(results):
+        mark = "*" if all(e[k] == choice[k] for k in key) else ""
+        rows.append([f"{mark}{e['layer']}"] + [str(e[k]) for k in SETTING]
+                    + [_num(e["recall"][t][k]) for t in tasks for k in keeps] + [_num(e["worst"]), _num(e["cost"])])
     paper = results.get("paper")
     if paper:
         recall = [paper["recall"].get(t, {}).get(k, math.nan) for t in tasks for k in keeps]
-        rows.append(["all", "la8"] + [_num(v) for v in recall] + [_num(min(recall, default=math.nan)), _num(paper["cost"])])
+        rows.append(["all", "la8", "13", "32"] + [_num(v) for v in recall]
+                    + [_num(min(recall, default=math.nan)), _num(paper["cost"])])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -52,11 +83,13 @@ def text_table(results: dict) -> str:
     verdict = (f"meets the target {target} on every task at every keep" if choice["meets_target"] else
                f"is BELOW the target {target}: no configuration reaches it on every task at every keep; this one has "
                "the best worst-case recall")
+    some = len(results["settings"]) > TABLE_ALL_UP_TO
     lines += ["", "recall: mean fraction of fact tokens kept per task and keep; worst: the lowest of them; cost: share of "
               "the full speculator forward up to that layer" + ("; all/la8: the paper's recipe (every layer, look-ahead 8, "
-              "cost relative to one full forward)" if paper else ""),
-              f"choice: layer {choice['layer']}, window {choice['window']} (cost {choice['cost']:.2f}, worst recall "
-              f"{choice['worst']:.2f}) {verdict}"]
+              "pool 13, chunk 32, cost relative to one full forward)" if paper else "")
+              + ("; per layer its best setting and the choice (every setting in results.json)" if some else ""),
+              f"choice: layer {choice['layer']}, window {choice['window']}, pool {choice['pool']}, chunk {choice['chunk']} "
+              f"(cost {choice['cost']:.2f}, worst recall {choice['worst']:.2f}) {verdict}"]
     return "\n".join(lines)
 
 
@@ -67,23 +100,25 @@ def write_json(path: Path, results: dict) -> None:
 
 
 def plot(results: dict, path: Path) -> Path:
-    """Per keep a panel: worst-task recall against layer, one line per window, the target dashed, cost on a twin axis."""
+    """Per keep a panel: worst-task recall against layer, one line per setting, the target dashed, cost on a twin axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keeps, windows, costs = results["keeps"], results["windows"], results["costs"]
+    keeps, settings, costs = results["keeps"], results["settings"], results["costs"]
     layers = list(range(len(costs)))
     fig, axes = plt.subplots(1, len(keeps), figsize=(5.5 * len(keeps), 4), squeeze=False)
     for ax, keep in zip(axes[0], keeps):
-        for i, window in enumerate(windows):
+        for i, s in enumerate(settings):
             worst = [min((e["recall"][t][str(keep)] for t in results["tasks"]), default=math.nan)
-                     for e in results["grid"] if e["window"] == window]
-            ax.plot(layers, worst, marker=MARKERS[i % len(MARKERS)], ms=3, label=f"window {window}")
+                     for e in results["grid"] if all(e[k] == s[k] for k in SETTING)]
+            ax.plot(layers, worst, marker=MARKERS[i % len(MARKERS)], ms=3,
+                    label=f"W{s['window']} pool {s['pool']} chunk {s['chunk']}" if len(settings) > 1 else f"window {s['window']}")
         ax.axhline(results["config"]["target"], color="k", ls="--", lw=1, label="target")
         choice = results["choice"]
-        ax.axvline(choice["layer"], color="tab:red", ls=":", lw=1, label=f"choice: layer {choice['layer']}, W {choice['window']}")
+        ax.axvline(choice["layer"], color="tab:red", ls=":", lw=1,
+                   label=f"choice: layer {choice['layer']}, W{choice['window']} pool {choice['pool']} chunk {choice['chunk']}")
         ax.set_xlabel("speculator layer (scoring alone)")
         ax.set_ylabel("fact-token recall (worst task)")
         ax.set_ylim(-0.05, 1.05)

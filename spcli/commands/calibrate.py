@@ -21,10 +21,11 @@ def register(app: typer.Typer) -> None:
         keep: Annotated[Optional[str], typer.Option(help="Keep rates, comma-separated; the target must hold at each. With --keep-for: the rates swept (auto too). Default: 0.1,0.2; with --keep-for 0.05,0.1,0.2,0.3,0.5.", show_default=False)] = None,
         windows: Annotated[str, typer.Option(help="Observation windows W (the last W prompt queries, causal), comma-separated.")] = "16,32,64",
         target: Annotated[float, typer.Option(help="Mean fact-token recall every task must reach at every keep.")] = 0.95,
-        pool: Annotated[int, typer.Option(help="Average-pool kernel over token scores (odd).")] = 13,
+        pool: Annotated[Optional[str], typer.Option(help="Average-pool kernels over token scores (odd), comma-separated: each is swept. --keep-for: one, as `spcli run --pool`. Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
+        chunk: Annotated[Optional[str], typer.Option(help="Selection chunks in tokens, comma-separated: each is swept. --keep-for: one, as `spcli run --chunk`. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
         paper: Annotated[bool, typer.Option("--paper/--no-paper", help="Also score the paper's recipe (every layer, look-ahead 8) for reference.")] = True,
         out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json, calibrate.png.")] = "out/calibrate",
-        write_profile: Annotated[bool, typer.Option(help="Store the choice as this model's profile: `spcli run` uses it where flags leave window, look-ahead and layers unset.")] = False,
+        write_profile: Annotated[bool, typer.Option(help="Store the choice as this model's profile: `spcli run` uses it where flags leave window, look-ahead, layers, pool and chunk unset.")] = False,
         dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         seed: Annotated[int, typer.Option(help="Seed of the built-in tasks (with --keep-for: of the sample).")] = 0,
@@ -41,9 +42,9 @@ def register(app: typer.Typer) -> None:
         prompt_field: Annotated[str, typer.Option(help="--keep-for: input field holding prompt text.")] = "prompt",
         messages_field: Annotated[str, typer.Option(help="--keep-for: input field holding chat messages.")] = "messages",
     ) -> None:
-        """Sweep every speculator layer and window for fact-token recall and cost; recommend the cheapest that meets --target.
+        """Sweep every speculator layer, window, pool and chunk for fact-token recall and cost; recommend the cheapest that meets --target.
 
-        One full speculator pass per prompt scores every (layer, window, keep); cost(l) is the measured share of the full forward spent up to layer l, what an early-exit speculator (--score-layers l --lookahead 0) pays.
+        One full speculator pass per prompt scores every (layer, window, pool, chunk, keep); cost(l) is the measured share of the full forward spent up to layer l, what an early-exit speculator (--score-layers l --lookahead 0) pays.
 
         With --keep-for INPUT...: on a seeded sample of your records (no labels), full prefill against each --keep rate and auto, on the stages `spcli run` uses; fidelity (first token, first 16 tokens, first-step KL) with 95% bootstrap CIs; the smallest kept fraction meeting --target-agreement (or --target-kl) and its `spcli run` flags; results.json and keep_fidelity.png in --out.
         """
@@ -55,18 +56,31 @@ def register(app: typer.Typer) -> None:
         if keep_for or inputs:
             return _keep_for(inputs, keep_for, out=out, model=model, speculator=speculator, sample=sample,
                              keeps=keep or "0.05,0.1,0.2,0.3,0.5", target_agreement=target_agreement,
-                             target_kl=target_kl, seed=seed, dtype=dtype, device=device, pool=pool,
-                             select=dict(keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max, min_tokens=min_tokens),
+                             target_kl=target_kl, seed=seed, dtype=dtype, device=device, pool=_one(pool, "--pool"),
+                             select=dict(chunk=_one(chunk, "--chunk"), keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max, min_tokens=min_tokens),
                              score=dict(window=window, lookahead=lookahead, score_layers=score_layers),
                              fields=dict(prompt=prompt_field, messages=messages_field))
         cfg = CalibrateConfig(
             out=out, model=model, speculator=speculator, tasks=split_list(tasks, str, "--tasks"),
             lengths=split_list(lengths, int, "--lengths"), samples=samples, keeps=split_list(keep or "0.1,0.2", float, "--keep"),
-            windows=split_list(windows, int, "--windows"), target=target, pool=pool, paper=paper,
+            windows=split_list(windows, int, "--windows"), target=target, paper=paper,
+            pools=split_list(pool, int, "--pool") if pool else (), chunks=split_list(chunk, int, "--chunk") if chunk else (),
             write_profile=write_profile, dtype=dtype, device=device, seed=seed,
         )
         results = run_layers(cfg, log=lambda msg: typer.echo(msg, err=True))
         typer.echo(text_table(results))
+
+
+def _one(text: str | None, flag: str) -> int | None:
+    """--keep-for takes one --pool / --chunk, as `spcli run` does."""
+    from spcli.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{flag} with --keep-for takes one number, as `spcli run {flag}`, got {text!r}") from None
 
 
 def _keep_for(inputs, keep_for: bool, *, keeps: str, pool: int, select: dict, score: dict, fields: dict, **kw) -> None:

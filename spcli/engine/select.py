@@ -60,6 +60,7 @@ def auto_budget(importance: torch.Tensor, cfg: SelectConfig) -> int:
     [ceil(keep_min * n), ceil(keep_max * n)]. Concentrated importance gives the minimum, flat importance
     the maximum; no mass at all (every score 0) counts as flat.
     """
+    assert cfg.chunk is not None, "resolve the selection chunk first (spcli.profiles.resolve)"
     n = importance.shape[0]
     forced = forced_mask(n, cfg)
     free = (~forced).double()  # [n]
@@ -88,6 +89,7 @@ def select_tokens(importance: torch.Tensor, cfg: SelectConfig, keep: float | str
     most important tokens so that exactly the budget is kept. If the forced tokens alone exceed the
     budget, only they are kept.
     """
+    assert cfg.chunk is not None, "resolve the selection chunk first (spcli.profiles.resolve)"
     keep = cfg.keep if keep is None else keep
     n = importance.shape[0]
     if not is_pruned(n, cfg, keep):

@@ -27,7 +27,7 @@ from spcli.evaluate.config import EvalConfig, policy_order, policy_select
 from spcli.evaluate.selectors import USES_SPECULATOR, Signals, random_seed, select, speculator_signals
 from spcli.evaluate.tasks import Example
 from spcli.io.records import Record
-from spcli.profiles import resolve_score
+from spcli.profiles import resolve
 
 
 def load_models(cfg: EvalConfig) -> ModelStack:
@@ -97,7 +97,7 @@ def example_signals(m: ModelStack, ids: list[int], cfg: EvalConfig) -> Signals |
 
 def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: Signals | None = None) -> ExampleResult:
     """`signals`: the example's speculator pass when already made (run.matched_keeps makes them first)."""
-    cfg = dataclasses.replace(cfg, score=resolve_score(cfg.score, cfg.model, m.path, m.speculator_name))
+    cfg = resolve(cfg, cfg.model, m.path, m.speculator_name)
     ids, max_tokens = prompt_ids(m, example, cfg)
     n = len(ids)
     spans = needle_spans(m.tokenizer, example, ids)

@@ -18,7 +18,7 @@ from spcli.evaluate.matched import compare_matched, matched_keeps, with_matched
 from spcli.evaluate.summary import summarize
 from spcli.evaluate.tasks import Example, task_examples
 from spcli.io.outdir import make_out_dir
-from spcli.profiles import resolve_score
+from spcli.profiles import resolve
 
 
 def build_examples(cfg: EvalConfig, tokenizer, max_positions: int = 1 << 30, log=print) -> list[Example]:
@@ -29,7 +29,7 @@ def build_examples(cfg: EvalConfig, tokenizer, max_positions: int = 1 << 30, log
 
 
 def score_label(score) -> str:
-    return f"window {score.window}, look-ahead {score.lookahead}, layers {score.score_layers}"
+    return f"window {score.window}, look-ahead {score.lookahead}, layers {score.score_layers}, pool {score.pool}"
 
 
 def environment() -> dict:
@@ -45,7 +45,7 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     t_start = time.perf_counter()
     env_start = environment()
     m = load_models(cfg)
-    cfg = dataclasses.replace(cfg, score=resolve_score(cfg.score, cfg.model, m.path, m.speculator_name))
+    cfg = resolve(cfg, cfg.model, m.path, m.speculator_name)
     examples = build_examples(cfg, m.tokenizer, m.max_positions, log)
     log(f"eval: {len(examples)} examples, selectors {', '.join(cfg.selectors)}, keep {', '.join(map(str, cfg.keeps))}, "
         f"speculator {m.speculator_name} ({score_label(cfg.score)}), device {m.device}")

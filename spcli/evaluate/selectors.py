@@ -6,7 +6,7 @@ they rank and in nothing else.
 
     specprefill       speculator attention of the configured query rows (window / look-ahead, scored layers)
     specprefill-paper the same speculator with the paper's recipe (look-ahead 8, every layer, the last
-                      prompt token): the old default, to compare a new configuration against, paired
+                      prompt token, pool 13, chunk 32): the old default, to compare against, paired
     random            one seeded random score per chunk: random chunks
     recency           position: the last tokens only (keep_first forced to 0; no sink)
     sink-recency      position, with the first keep_first tokens forced: StreamingLLM's sink + window
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from spcli.config import PAPER_SCORE, ScoreConfig, SelectConfig
+from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig
 from spcli.engine.select import is_pruned, select_tokens
 from spcli.engine.speculate import speculate
 from spcli.errors import ConfigError
@@ -118,8 +118,10 @@ def importance_for(selector: str, n: int, signals: Signals | None, cfg: SelectCo
 
 
 def config_for(selector: str, cfg: SelectConfig) -> SelectConfig:
-    """Recency keeps the last tokens only: no sink tokens are forced."""
-    return dataclasses.replace(cfg, keep_first=0) if selector == "recency" else cfg
+    """Recency keeps the last tokens only: no sink tokens are forced. The paper's recipe selects chunks of 32."""
+    if selector == "recency":
+        return dataclasses.replace(cfg, keep_first=0)
+    return dataclasses.replace(cfg, chunk=PAPER_CHUNK) if selector == "specprefill-paper" else cfg
 
 
 def select(selector: str, n: int, signals: Signals | None, cfg: SelectConfig, keep: float | str, seed: int) -> torch.Tensor:
