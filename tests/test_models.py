@@ -23,6 +23,23 @@ def test_models_command_lists_every_preset_and_availability():
     random = [line.split()[:3] for line in lines if line.startswith("random-")]
     assert random == [["random-405b", "random", "weights"], ["random-8b", "random", "weights"]], "every name bench accepts"
     assert "random-405b      random weights from a config (spcli bench) random-8b     1 bfloat16      yes (built on first use)" in lines
+    scoring = {line.split()[0]: line for line in res.output.split("\n\n")[1].splitlines()[1:]}
+    assert scoring.keys() == PRESETS.keys()
+    assert "layers 14, window 32, look-ahead 0, pool 31, chunk 8 (preset smollm2-135m)" in scoring["smollm2-135m"]
+    assert "layers all, window 0, look-ahead 8, pool 13, chunk 32 (the paper's recipe)" in scoring["llama-70b"]
+
+
+def test_models_shows_a_calibrate_profile(smollm2_dir, tmp_path, monkeypatch):
+    """A profile written for the embedded model's folder is what `spcli models` reports for it."""
+    from spcli import profiles
+
+    monkeypatch.setenv("SPCLI_CACHE", str(tmp_path / "cache"))
+    dest = tmp_path / "cache" / "models" / "smollm2-135m-instruct-bf16"
+    dest.parent.mkdir(parents=True)
+    dest.symlink_to(smollm2_dir)
+    path = profiles.write_profile(dest, "self", {"window": 16, "lookahead": 0, "score_layers": "18"}, {})
+    line = next(l for l in CliRunner().invoke(app, ["models"]).output.splitlines()[1:] if "(profile" in l)
+    assert line.startswith("smollm2-135m ") and f"layers 18, window 16, look-ahead 0, pool 13, chunk 32 (profile {path})" in line
 
 
 def test_readme_model_table_matches_spcli_models():
@@ -33,7 +50,8 @@ def test_readme_model_table_matches_spcli_models():
     table = readme.split("### Models", 1)[1].split("\n\n", 2)[1]
     rows = {m.group(1): [c.strip().strip("`") for c in m.group(0).split("|")[1:-1]]
             for m in re.finditer(r"^\| `([^`]+)` \|.*\|$", table, re.M)}
-    listed = {line[:16].strip(): line[76:89].strip() for line in CliRunner().invoke(app, ["models"]).output.splitlines()[1:]}
+    table = CliRunner().invoke(app, ["models"]).output.split("\n\n")[0]  # the scoring lines follow a blank line
+    listed = {line[:16].strip(): line[76:89].strip() for line in table.splitlines()[1:]}
     assert {name: cells[-1] for name, cells in rows.items()} == listed, "README's names and dtypes are `spcli models`'s"
 
 
