@@ -29,7 +29,7 @@ def run_kernel(score, queries, keys, pool, row_limits=None, max_rows=64):
 
 SHAPES = [  # (n, head dim, steps, pool, dtype, layers): odd n around the 128-wide tiles
     *[(n, d, s, p, torch.bfloat16, 3) for n in (1, 31, 33) for d in (64, 128) for s in (1, 8) for p in (1, 13)],
-    *[(1000, d, s, p, torch.bfloat16, 2) for d, s, p in ((64, 8, 13), (128, 1, 13), (64, 1, 1), (128, 8, 1))],
+    *[(1000, d, s, p, torch.bfloat16, 2) for d, s, p in ((64, 8, 13), (128, 1, 13), (64, 1, 1), (128, 8, 1), (64, 8, 31))],
     *[(n, d, 8, 13, dt, 2) for n, d in ((33, 64), (1000, 128)) for dt in (torch.float32, torch.float16)],
     (4097, 128, 8, 13, torch.float32, 2),
     (4097, 128, 8, 13, torch.bfloat16, 2),
@@ -97,6 +97,7 @@ WINDOWS = [  # (window W, look-ahead rows, n, heads, KV heads, dtype, pool, max_
     (64, 8, 127, 16, 2, torch.bfloat16, 13, 64),  # 72 steps: 9 blocks of 8 steps x 8 heads
     (64, 8, 255, 9, 3, torch.float32, 13, 64),
     (5, 2, 63, 24, 1, torch.float16, 5, 16),  # group 24 in head blocks of 16, the second half padding
+    (32, 0, 1000, 9, 3, torch.bfloat16, 31, 64),  # smollm2-135m's default: pool 31 (a 15-token halo per tile)
 ]
 
 
@@ -182,8 +183,8 @@ def test_packed_window_rows_match_per_prompt(score, dtype, max_rows):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", [dict(lookahead=8, window=0, score_layers="all"),  # the paper's
-                                    dict(lookahead=0, window=32, score_layers="14")])  # issue 11's window rows
+@pytest.mark.parametrize("recipe", [dict(lookahead=8, window=0, score_layers="all", pool=13, chunk=32),  # the paper's
+                                    dict(lookahead=0, window=32, score_layers="14", pool=31, chunk=8)])  # the default
 def test_kept_indices_equal_between_torch_and_triton_on_smollm2(score, smollm2_dir, monkeypatch, recipe):
     """On the real SmolLM2 and real prompts, selection from the kernel's scores equals the reference's."""
     import json
@@ -203,9 +204,10 @@ def test_kept_indices_equal_between_torch_and_triton_on_smollm2(score, smollm2_d
     for line in examples.read_text().splitlines()[:2]:  # 936 and 1312 tokens
         row = json.loads(line)
         ids = tokenize(Record(0, 0, row["id"], messages=row["messages"]), tokenizer, 8000, "error")
-        ref = speculate_module.speculate(model, ids, ScoreConfig(**recipe, pool=13, impl="torch"), eos, DEVICE).importance
-        tri = speculate_module.speculate(model, ids, ScoreConfig(**recipe, pool=13, impl="triton"), eos, DEVICE).importance
+        score_recipe = {k: v for k, v in recipe.items() if k != "chunk"}
+        ref = speculate_module.speculate(model, ids, ScoreConfig(**score_recipe, impl="torch"), eos, DEVICE).importance
+        tri = speculate_module.speculate(model, ids, ScoreConfig(**score_recipe, impl="triton"), eos, DEVICE).importance
         assert_close(f"importance {row['id']}", ref, tri, atol=1e-7, rtol=2e-5)
         for keep in (0.1, 0.3):
-            kept_ref, kept_tri = (select_tokens(x, SelectConfig(keep=keep, chunk=32)).tolist() for x in (ref, tri))
+            kept_ref, kept_tri = (select_tokens(x, SelectConfig(keep=keep, chunk=recipe["chunk"])).tolist() for x in (ref, tri))
             assert kept_ref == kept_tri
