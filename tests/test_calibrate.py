@@ -3,6 +3,7 @@ the profile it writes, and one CLI run on the tiny model (3 layers; SmolLM2-135M
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from spcli.calibrate import report
 from spcli.calibrate.config import CalibrateConfig
 from spcli.calibrate.layers import Setting, recommend, settings_of, sweep_prompt, window_importance
 from spcli.config import ScoreConfig, SelectConfig
@@ -37,7 +39,7 @@ def brute_window(query, key, window, pool):
 def test_window_importance_matches_row_by_row(pool):
     torch.manual_seed(0)
     query, key = torch.randn(4, 17, 12), torch.randn(2, 63, 12)  # GQA 4 heads on 2, odd sizes
-    got = window_importance(query, key, (1, 5, 17, 32), pool)
+    got = window_importance(query, key, (1, 5, 17, 32), (pool,))[0]
     for i, w in enumerate((1, 5, 17, 32)):  # 32 > the 17 captured rows: all of them
         ref = brute_window(query, key, w, pool)
         assert torch.allclose(ref, got[i], atol=1e-6), f"window {w}: max err {(ref - got[i]).abs().max():.2e}"
@@ -49,7 +51,7 @@ def test_window_importance_for_several_pools_equals_each_pool_alone():
     both = window_importance(query, key, (3, 9), (1, 13))
     assert both.shape == (2, 2, 40)
     for i, pool in enumerate((1, 13)):
-        torch.testing.assert_close(both[i], window_importance(query, key, (3, 9), pool))
+        torch.testing.assert_close(both[i], window_importance(query, key, (3, 9), (pool,))[0])
 
 
 NEEDLE, DECOY, N = (1000, 1020), (100, 120), 2048
@@ -111,6 +113,19 @@ def test_recommend_cheapest_then_higher_mean_recall_then_smaller_window_then_bes
     # a second task no configuration passes (every task must reach the target): the best worst case, then the cheapest
     choice = recommend({"a": r, "b": np.where(r > 0.9, 0.5, 0.1)}, [0.3, 0.6, 0.9], two_windows, 0.95)
     assert not choice.meets_target and choice.worst == 0.5 and (choice.layer, choice.window) == (1, 64)
+
+
+def test_table_shows_each_layers_best_setting_and_the_choice_when_many_are_swept():
+    from spcli.calibrate.report import shown
+
+    settings = settings_of((16, 32), (13, 31), (8,))  # 4 settings: more than the table prints in full
+    recall = np.zeros((2, 4, 1))
+    recall[0, 2], recall[1, 1], recall[1, 3] = 0.9, 0.95, 0.5  # best: layer 0 setting 2, layer 1 setting 1
+    results = {"settings": [dataclasses.asdict(s) for s in settings], "costs": [0.4, 0.8],
+               "grid": report.grid({"niah": recall}, [0.4, 0.8], settings, (0.1,)),
+               "choice": {"layer": 1, **dataclasses.asdict(settings[3])}}
+    got = [(e["layer"], e["window"], e["pool"]) for e in shown(results)]
+    assert got == [(0, 32, 13), (1, 16, 31), (1, 32, 31)]  # each layer's best, then the choice under its layer
 
 
 def test_config_rejects_bad_values():

@@ -54,19 +54,16 @@ class Setting:
     pool: int
     chunk: int
 
-    def label(self) -> str:
-        return f"W{self.window} pool {self.pool} chunk {self.chunk}"
-
 
 def settings_of(windows: tuple[int, ...], pools: tuple[int, ...], chunks: tuple[int, ...]) -> list[Setting]:
     """Every combination, windows outer, then pools, then chunks."""
     return [Setting(w, p, c) for w in windows for p in pools for c in chunks]
 
 
-def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int, ...], pool: int | tuple[int, ...]) -> torch.Tensor:
+def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int, ...], pools: tuple[int, ...]) -> torch.Tensor:
     """One layer's importance for each (pool, window). query: [H, R, D], the last R prompt rows (row s sits at
-    position n - R + s); key: [KVH, n, D]. Returns [len(windows), n] float32 for one pool, [len(pools),
-    len(windows), n] for a tuple of them; a window longer than R uses R rows."""
+    position n - R + s); key: [KVH, n, D]. Returns [len(pools), len(windows), n] float32; the softmax is computed
+    once for all of them; a window longer than R uses R rows."""
     num_heads, num_rows, head_dim = query.shape
     num_kv_heads, n, _ = key.shape
     group = num_heads // num_kv_heads
@@ -76,10 +73,10 @@ def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int
     logits.masked_fill_(torch.arange(n, device=key.device)[None, :] > positions[:, None], float("-inf"))
     probs = torch.softmax(logits, dim=-1)  # [H, R, n]
     out = []
-    for p in (pool,) if isinstance(pool, int) else pool:
-        best = smooth(probs, p).amax(dim=0)  # [R, n]
+    for pool in pools:
+        best = smooth(probs, pool).amax(dim=0)  # [R, n]
         out.append(torch.stack([best[-min(w, num_rows):].mean(dim=0) for w in windows]))
-    return out[0] if isinstance(pool, int) else torch.stack(out)
+    return torch.stack(out)
 
 
 def sweep_prompt(queries: torch.Tensor, keys: list[torch.Tensor], spans: list[tuple[int, int]], settings: list[Setting],

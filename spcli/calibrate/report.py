@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from spcli.config import PAPER_CHUNK, PAPER_SCORE
+
 MARKERS = ("o", "s", "^", "v", "D", "x")
 
 
@@ -38,8 +40,8 @@ def grid(recall: dict[str, np.ndarray], costs: list[float], settings: list, keep
 
 def _rank(e: dict) -> tuple:
     """The better entry sorts first: worst recall, then mean recall (NaN last)."""
-    nan_low = lambda v: -1.0 if v is None or math.isnan(v) else v
-    return (-nan_low(e["worst"]), -nan_low(e.get("mean", math.nan)))
+    nan_low = lambda v: -1.0 if math.isnan(v) else v
+    return (-nan_low(e["worst"]), -nan_low(e["mean"]))
 
 
 def shown(results: dict) -> list[dict]:
@@ -74,7 +76,7 @@ def text_table(results: dict) -> str:
     paper = results.get("paper")
     if paper:
         recall = [paper["recall"].get(t, {}).get(k, math.nan) for t in tasks for k in keeps]
-        rows.append(["all", "la8", "13", "32"] + [_num(v) for v in recall]
+        rows.append(["all", f"la{PAPER_SCORE['lookahead']}", str(PAPER_SCORE["pool"]), str(PAPER_CHUNK)] + [_num(v) for v in recall]
                     + [_num(min(recall, default=math.nan)), _num(paper["cost"])])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
