@@ -16,7 +16,6 @@ is the median over repetitions of full / spcli.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import time

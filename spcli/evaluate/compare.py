@@ -12,7 +12,6 @@ for the plots; `spcli bench` measures speed properly.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 
