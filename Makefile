@@ -45,12 +45,12 @@ demo: $(VENV)/.base
 test: $(VENV)/.test $(VLLM_VENV)/.base
 	sh tests/browser_setup.sh
 	$(VENV)/bin/python -m pytest -q
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py
 
 setup-vllm: $(VLLM_VENV)/.base
 
 test-vllm: $(VLLM_VENV)/.base
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py
 
 docs: $(VENV)/.base
 	$(VENV)/bin/python docs/gen_cli.py

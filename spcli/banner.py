@@ -12,7 +12,7 @@ from spcli.io.records import Shard
 
 def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, model_path: str, out: Path) -> list[str]:
     """What this run is about to do, one line per part: inputs, model, speculator, keep, engine, output."""
-    from spcli.engine.load import pick_device
+    from spcli.device import pick_device
 
     speculator = cfg.speculator or models.default_speculator(cfg.model)
     score = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.score).items())

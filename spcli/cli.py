@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from spcli.config import FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
+from spcli.device import nvml_device_checks
 from spcli.errors import EXIT_FAILURE, SpcliError
 
 app = typer.Typer(
@@ -177,6 +178,7 @@ _register_commands()
 
 
 def main() -> None:
+    nvml_device_checks()  # before any library asks torch for CUDA: vLLM forks its processes later
     try:
         code = app(standalone_mode=False)  # click returns typer.Exit's code instead of raising it
         sys.exit(code if isinstance(code, int) else 0)

@@ -82,7 +82,7 @@ def fingerprint_fields(cfg: RunConfig, shards: list[Shard], model_path: str) -> 
     fields["model_path"] = model_path
     fields["dtype"] = cfg.dtype or models.default_dtype(cfg.model)
     fields["speculator"] = cfg.speculator or models.default_speculator(cfg.model)
-    from spcli.engine.load import pick_device
+    from spcli.device import pick_device
 
     fields["device_type"] = pick_device(cfg.device).type  # cpu and cuda kernels round bf16 differently
     fields["inputs"] = [{k: v for k, v in s.items() if k != "index"} for s in input_identity(shards)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from spcli.config import RunConfig
 from spcli.engine import hf_pass, load
 from spcli.engine.failures import is_out_of_memory, raise_if_device_error
-from spcli.engine.prepare import free_memory
+from spcli.device import free_memory
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.errors import RecordError
 

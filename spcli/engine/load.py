@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from spcli import models
+from spcli.device import pick_device
 from spcli.engine import capture
 from spcli.errors import ConfigError, ModelError
 
@@ -21,12 +22,6 @@ class LoadedModel:
     model: nn.Module  # a *ForCausalLM in eval mode, attention "spcli"
     path: Path
     num_layers: int
-
-
-def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def load_causal_lm(path: Path, dtype: str, device: torch.device) -> LoadedModel:

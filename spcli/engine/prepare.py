@@ -5,13 +5,13 @@ The engines differ only in how the base model generates from the result (hf_pass
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import time
 
 import torch
 
 from spcli.config import RunConfig, ScoreConfig, SelectConfig
+from spcli.device import free_memory
 from spcli.engine.load import ModelStack
 from spcli.engine.request import PrunedRequest
 from spcli.engine.select import is_pruned, select_tokens
@@ -113,10 +113,3 @@ def _speculate(batch: list[PrunedRequest], score: ScoreConfig, stack: ModelStack
         if len(batch) > 1:
             return [s for r in batch for s in _speculate([r], score, stack)]
         return [RecordError(f"the speculator ran out of memory on {batch[0].num_prompt_tokens} tokens")]
-
-
-def free_memory() -> None:
-    """After an out-of-memory error: the failed tensors are garbage once the exception is gone."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

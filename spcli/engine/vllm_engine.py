@@ -26,6 +26,7 @@ from contextlib import contextmanager
 
 from spcli import models
 from spcli.config import RunConfig, ScoreConfig
+from spcli.device import pick_device
 from spcli.engine import load
 from spcli.engine.failures import raise_if_device_error
 from spcli.engine.request import Generation, PrunedRequest
@@ -69,8 +70,8 @@ class VllmEngine:
         else:
             num_layers = int(read_model_config(self.stack.path)["num_hidden_layers"])
             self.stack.speculator_layers = self_layers(name, cfg.score, num_layers)
-        platform = _import_vllm()  # first: it makes torch's CUDA check NVML-based (no CUDA init before its fork)
-        self.stack.device = load.pick_device(cfg.device)
+        platform = _import_vllm()  # no CUDA runtime call before this (spcli/device.py); vLLM sets the NVML check too
+        self.stack.device = pick_device(cfg.device)
         self.owns_runner = runner is None
         self.runner = runner if runner is not None else self._start_runner(platform)
         self.stack.max_positions = self.runner.max_positions

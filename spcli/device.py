@@ -1,0 +1,45 @@
+"""Which device a run uses, found without initialising CUDA in this process.
+
+vLLM starts its engine and worker processes by forking unless CUDA is already initialised
+(`torch.cuda.is_initialized()`); a CUDA driver initialised in the parent before that fork fails in the
+children (vLLM issue #32611). `torch.cuda.is_available()` initialises the driver (cudaGetDeviceCount ->
+cuInit) unless PYTORCH_NVML_BASED_CUDA_CHECK=1, and it does so without setting is_initialized(), so vLLM
+cannot see it. `torch.cuda.device_count()` counts through NVML before torch has initialised CUDA. Every
+device check of spcli goes through this module, and the CLI turns on torch's NVML check for the
+libraries it calls (`nvml_device_checks`), so nothing touches the CUDA runtime before vLLM has forked.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import torch
+
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+def nvml_device_checks() -> None:
+    """Make torch.cuda.is_available() count through NVML in this process (and its children) unless the
+    user chose otherwise: transformers and others call it while spcli loads tokenizers and configs."""
+    os.environ.setdefault(NVML_CHECK, "1")
+
+
+def cuda_device_count() -> int:
+    """GPUs visible to this process, through NVML (the CUDA runtime only where NVML cannot answer)."""
+    return torch.cuda.device_count()
+
+
+def pick_device(device: str) -> torch.device:
+    """'auto' -> the first GPU where there is one, else the CPU; any other name as it is."""
+    if device == "auto":
+        return torch.device("cuda" if cuda_device_count() > 0 else "cpu")
+    return torch.device(device)
+
+
+def free_memory() -> None:
+    """After an out-of-memory error: the failed tensors are garbage once the exception is gone; return
+    the allocator's cached blocks where this process uses CUDA (never initialising it to do so)."""
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
