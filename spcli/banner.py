@@ -26,9 +26,18 @@ def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, mo
         f"model: {model}, {cfg.dtype or models.default_dtype(cfg.model)}",
         f"speculator: {speculator} ({score})" + (" (not used at keep 1.0)" if not cfg.select.prunes else ""),
         f"keep: {cfg.select.keep} ({select})",
-        f"engine: {cfg.engine}, device {pick_device(cfg.device)}, batch size {cfg.batch_size}",
+        f"engine: {cfg.engine}, device {pick_device(cfg.device)}{placement(cfg)}, batch size {cfg.batch_size}",
         f"output: {out} ({cfg.output_format})",
     ]
+
+
+def placement(cfg: RunConfig) -> str:
+    """Where the speculator runs on --engine vllm (nothing to say on hf: the engine's own process)."""
+    if cfg.engine != "vllm" or not cfg.select.prunes:
+        return ""
+    if cfg.vllm.speculator_placement == "workers":
+        return ", speculator in vLLM's workers (one replica per GPU)"
+    return ", speculator in this process (--speculator-placement driver)"
 
 
 def resume_line(rows_done: int, rows_total: int | None, shard: str, next_row: int) -> str:

@@ -96,6 +96,9 @@ def run(
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vllm: fraction of GPU memory vLLM takes. Default: computed to leave room for the speculator.")] = None,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="vllm: tokens per scheduler step (small values force chunked prefill). Default: vLLM's.")] = None,
     enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager", help="vllm: skip torch.compile and CUDA graphs (faster start-up). Default: eager on CPU only.")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="vllm: most requests in one scheduler step. Default: vLLM's.")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option(help="vllm: auto (the model's dtype) or fp8 (half the KV bytes per token).")] = "auto",
+    speculator_placement: Annotated[str, typer.Option(help="vllm: workers (a speculator replica on every GPU, each scoring its share of a batch) or driver (one copy in this process, on --device).")] = "workers",
 ) -> None:
     """Run Speculative Prefill over prompt shards; write outputs and kept-token masks to --out.
 
@@ -115,7 +118,9 @@ def run(
         generate=GenerateConfig(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=logprobs),
         fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),
         vllm=VllmConfig(tp=tp, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
-                        max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager),
+                        max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
+                        max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype,
+                        speculator_placement=speculator_placement),
     )
     try:
         s = run_job(cfg, Progress(quiet=STATE.get("quiet", False)))

@@ -14,6 +14,8 @@ from spcli.errors import ConfigError
 
 DTYPES = ("bfloat16", "float16", "float32")
 ENGINES = ("hf", "vllm")
+KV_CACHE_DTYPES = ("auto", "fp8")
+PLACEMENTS = ("workers", "driver")  # where the speculator runs on --engine vllm
 OUTPUT_FORMATS = ("parquet", "jsonl", "openai")
 TRUNCATE_POLICIES = ("error", "left", "middle")
 
@@ -166,7 +168,7 @@ class FieldConfig:
 class VllmConfig:
     """vLLM engine settings (--engine vllm); None = the model preset's value, else vLLM's default.
 
-    None of them changes outputs, so none is fingerprinted.
+    None of them changes outputs but kv_cache_dtype, which alone is fingerprinted (where not auto).
     """
 
     tp: int | None = None  # tensor-parallel size
@@ -174,8 +176,16 @@ class VllmConfig:
     gpu_memory_utilization: float | None = None  # None = computed to leave room for the speculator
     max_num_batched_tokens: int | None = None  # tokens per scheduler step; small = chunked prefill
     enforce_eager: bool | None = None  # None = eager on CPU (compiling costs minutes), compiled on GPU
+    max_num_seqs: int | None = None  # requests in one scheduler step; None = vLLM's
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8: half the KV bytes (changes outputs: fingerprinted)
+    speculator_placement: str = "workers"  # workers: a replica in every vLLM worker; driver: this process
 
     def __post_init__(self) -> None:
+        _check(self.max_num_seqs is None or self.max_num_seqs >= 1, f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+               f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        _check(self.speculator_placement in PLACEMENTS,
+               f"--speculator-placement must be one of {', '.join(PLACEMENTS)}, got {self.speculator_placement!r}")
         _check(self.tp is None or self.tp >= 1, f"--tp must be >= 1, got {self.tp}")
         _check(self.max_model_len is None or self.max_model_len >= 1, f"--max-model-len must be >= 1, got {self.max_model_len}")
         _check(self.gpu_memory_utilization is None or 0.0 < self.gpu_memory_utilization <= 1.0,
@@ -227,5 +237,7 @@ class RunConfig:
         for k in ("inputs", "out", "batch_size", "commit_interval", "fresh", "force", "device"):
             d.pop(k)
         d["score"].pop("impl")
-        d.pop("vllm")  # parallelism and memory: same outputs
+        d.pop("vllm")  # parallelism, memory and placement: same outputs
+        if self.vllm.kv_cache_dtype != "auto":  # fp8 KV rounds differently; absent at auto, as before
+            d["kv_cache_dtype"] = self.vllm.kv_cache_dtype
         return d

@@ -140,12 +140,17 @@ def pruned_run(vllm_base, chat_jsonl, tiny_dir, tmp_path_factory) -> dict[str, d
     from spcli.engine.vllm_engine import VllmEngine
 
     out = tmp_path_factory.mktemp("vllm_pruned") / "out"
+    engines = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(spcli.run, "build_engine", lambda cfg: VllmEngine(cfg, runner=vllm_base))
+        mp.setattr(spcli.run, "build_engine", lambda cfg: engines.append(VllmEngine(cfg, runner=vllm_base)) or engines[-1])
         code, output, exc = spcli_run(str(chat_jsonl), "--out", str(out), "--engine", "vllm",
                                       "--speculator", str(tiny_dir), *COMMON, *PRUNED)
     assert code == 0, (output, exc)
     assert "done: 6 rows (0 failed)" in output
+    # the default placement: the speculator ran in vLLM's worker (rank 0 of 1); the driver loaded none
+    assert engines[0].placement == "workers" and engines[0].stack.speculate_remote.ranks_used == [0]
+    assert engines[0].stack._speculator is None
+    assert "speculator in vLLM's workers (one replica per GPU)" in output
     return read_rows(out)
 
 
@@ -194,6 +199,19 @@ def test_pruned_run_keeps_what_the_hf_engine_keeps(pruned_run, chat_jsonl, tiny_
         assert kept[:4] == [0, 1, 2, 3] and kept[-64:] == list(range(n - 64, n))
         assert row["speculate_s"] > 0 and row["ttft_s"] >= row["speculate_s"]
         assert row["output"] == hf[rid]["output"], (rid, row["output"], hf[rid]["output"])
+
+
+@needs_vllm
+def test_driver_placement_keeps_what_the_workers_keep(pruned_run, shared_engine, chat_jsonl, tiny_dir, tmp_path):
+    """--speculator-placement driver: the same speculator in this process gives the same rows."""
+    code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "driver"), "--engine", "vllm",
+                                  "--speculator", str(tiny_dir), *COMMON, *PRUNED, "--speculator-placement", "driver")
+    assert code == 0, (output, exc)
+    assert "speculator in this process (--speculator-placement driver)" in output
+    rows = read_rows(tmp_path / "driver")
+    assert rows.keys() == pruned_run.keys()
+    for rid, row in rows.items():
+        assert (row["kept_indices"], row["output"]) == (pruned_run[rid]["kept_indices"], pruned_run[rid]["output"]), rid
 
 
 @needs_vllm

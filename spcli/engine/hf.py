@@ -8,9 +8,9 @@ its RecordError. A device error that is not out of memory (CUDA error, NCCL) rai
 from __future__ import annotations
 
 from spcli.config import RunConfig
+from spcli.device import free_memory
 from spcli.engine import hf_pass, load
 from spcli.engine.failures import is_out_of_memory, raise_if_device_error
-from spcli.device import free_memory
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.errors import RecordError
 

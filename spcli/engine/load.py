@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,6 +187,9 @@ class ModelStack:
     base: nn.Module | None = None  # a *ForCausalLM in eval mode, attention "spcli"
     speculator_layers: int | None = None  # without base weights: the first layers a self speculator reads
     _speculator: nn.Module | None = None
+    # where the speculator runs elsewhere (vLLM's workers): (prompts, score, on_stage, should_stop) -> one
+    # Speculation or RecordError per prompt, as prepare.speculate_prompts returns
+    speculate_remote: Callable | None = None
 
     max_prompt_len: int | None = None  # an engine's own bound on prompt length (vLLM: the speculator reserve's)
     prompt_len_flag: str = ""  # the flag that raises max_prompt_len
@@ -210,15 +214,25 @@ class ModelStack:
 
     def _load_speculator(self) -> nn.Module:
         k = parse_self(self.speculator_name)
+        if k is not None and self.base is not None:
+            check_speculator_attention(self.path, self.name, self.speculator_name, self.max_positions)
+            return first_layers(self.base, k)
+        return self.speculator_source().load(self.device)
+
+    def speculator_source(self):
+        """What a speculator loads where the base's weights are not here (vLLM holds them): a model folder of
+        the same tokenizer, or only the base's first `speculator_layers` layers (`self`/`self:K`). Checked
+        here, so a worker replica loads what the driver would."""
+        from spcli.engine.replica import SpeculatorSource
+
+        k = parse_self(self.speculator_name)
         check_speculator_attention(self.path, self.name, self.speculator_name, self.max_positions)
         if k is not None:
-            if self.base is None:  # the base runs elsewhere (vLLM): read only the layers the speculator runs
-                assert self.speculator_layers, "set speculator_layers where the base has no weights here"
-                return load_prefix(self.path, self.speculator_layers, self.dtype, self.device, total=k or None)
-            return first_layers(self.base, k)
+            assert self.speculator_layers, "set speculator_layers where the base has no weights here"
+            return SpeculatorSource(str(self.path), self.dtype, self.speculator_layers, total=k or None)
         path = models.locate(self.speculator_name)
         check_same_vocabulary(self.tokenizer, load_tokenizer(path), self.name, self.speculator_name)
-        return load_causal_lm(path, self.dtype, self.device).model
+        return SpeculatorSource(str(path), self.dtype)
 
 
 def load_stack(model: str, speculator: str | None = None, dtype: str | None = None, device: str = "auto",

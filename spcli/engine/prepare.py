@@ -15,7 +15,7 @@ from spcli.device import free_memory
 from spcli.engine.load import ModelStack
 from spcli.engine.request import PrunedRequest
 from spcli.engine.select import is_pruned, select_tokens
-from spcli.engine.speculate import speculate_batch
+from spcli.engine.speculate import Speculation, speculate_batch
 from spcli.engine.tokenize import tokenize
 from spcli.errors import RecordError
 from spcli.io.records import Record
@@ -79,37 +79,56 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
           on_stage=lambda text: None, should_stop=lambda: False) -> list[PrunedRequest | RecordError]:
     """Speculate and select the requests whose prompts are pruned (in place); the others keep every token.
 
-    Pruned prompts of similar length share one speculator pass (their importance is the same as
-    alone). The speculator is loaded on first use, so a run at keep 1.0 never loads one. A batch
-    that runs out of memory is retried one prompt at a time; a prompt that still does becomes a
-    RecordError. on_stage hears progress; should_stop() is asked between groups (StopAtSafePoint).
+    The speculator runs where the stack says (`stack.speculate_remote`: vLLM's workers; else here, loaded
+    on first use, so a run at keep 1.0 never loads one); selection runs here. should_stop() is asked
+    between speculator passes (StopAtSafePoint).
     """
     out: list[PrunedRequest | RecordError] = list(requests)
     todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)]
-    done = 0
-    for group in length_groups([requests[i].num_prompt_tokens for i in todo]):
-        if should_stop():
-            raise StopAtSafePoint
-        on_stage(f"speculating {done + 1}-{done + len(group)} of {len(todo)} prompts")
-        done += len(group)
-        indices = [todo[g] for g in group]
-        for i, spec in zip(indices, _speculate([requests[i] for i in indices], score, stack)):
-            req = requests[i]
-            if isinstance(spec, RecordError):
-                out[i] = spec
-                continue
-            t0 = time.perf_counter()
-            req.importance = spec.importance
-            req.kept = select_tokens(spec.importance, select, req.keep)
-            req.speculate_s = spec.speculate_s + time.perf_counter() - t0
+    if not todo:
+        return out
+    prompts = [requests[i].token_ids for i in todo]
+    if stack.speculate_remote is not None:
+        specs = stack.speculate_remote(prompts, score, on_stage, should_stop)
+    else:
+        specs = speculate_prompts(stack.speculator, prompts, score, stack.eos_ids, stack.device, on_stage, should_stop)
+    for i, spec in zip(todo, specs, strict=True):
+        req = requests[i]
+        if isinstance(spec, RecordError):
+            out[i] = spec
+            continue
+        t0 = time.perf_counter()
+        req.importance = spec.importance
+        req.kept = select_tokens(spec.importance, select, req.keep)
+        req.speculate_s = spec.speculate_s + time.perf_counter() - t0
     return out
 
 
-def _speculate(batch: list[PrunedRequest], score: ScoreConfig, stack: ModelStack) -> list:
+def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device,
+                      on_stage=lambda text: None, should_stop=lambda: False) -> list[Speculation | RecordError]:
+    """One Speculation (or the RecordError of a prompt that ran out of memory alone) per prompt, in order.
+
+    The one speculator loop, run by the hf engine, eval, bench and each vLLM worker replica: prompts of
+    similar length share one pass (length_groups; importance is the same as alone); a pass that runs
+    out of memory is retried one prompt at a time.
+    """
+    out: list[Speculation | RecordError | None] = [None] * len(prompts)
+    done = 0
+    for group in length_groups(list(map(len, prompts))):
+        if should_stop():
+            raise StopAtSafePoint
+        on_stage(f"speculating {done + 1}-{done + len(group)} of {len(prompts)} prompts")
+        done += len(group)
+        for i, spec in zip(group, _speculate(model, [prompts[i] for i in group], score, eos_ids, device)):
+            out[i] = spec
+    return out
+
+
+def _speculate(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device) -> list:
     try:
-        return speculate_batch(stack.speculator, [r.token_ids for r in batch], score, stack.eos_ids, stack.device)
+        return speculate_batch(model, prompts, score, eos_ids, device)
     except torch.OutOfMemoryError:
         free_memory()
-        if len(batch) > 1:
-            return [s for r in batch for s in _speculate([r], score, stack)]
-        return [RecordError(f"the speculator ran out of memory on {batch[0].num_prompt_tokens} tokens")]
+        if len(prompts) > 1:
+            return [s for p in prompts for s in _speculate(model, [p], score, eos_ids, device)]
+        return [RecordError(f"the speculator ran out of memory on {len(prompts[0])} tokens")]

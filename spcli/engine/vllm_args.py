@@ -153,7 +153,8 @@ def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool) -> dict:
         model=str(model_path), dtype=cfg.dtype or models.default_dtype(cfg.model),
         tensor_parallel_size=v.tp or (preset.tp if preset else 1),
         max_model_len=v.max_model_len or (preset.max_model_len if preset else None),
-        max_num_batched_tokens=v.max_num_batched_tokens, seed=cfg.generate.seed,
+        max_num_batched_tokens=v.max_num_batched_tokens, max_num_seqs=v.max_num_seqs,
+        kv_cache_dtype=v.kv_cache_dtype, seed=cfg.generate.seed,
         enforce_eager=is_cpu if v.enforce_eager is None else v.enforce_eager,  # compiling costs minutes on CPU
         engine_kwargs=kwargs,
     )

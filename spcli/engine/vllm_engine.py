@@ -4,15 +4,19 @@ Same contract as `HFEngine` (`stack`, `check`, `generate(requests) -> Generation
 the base model runs in vLLM 0.32 through `VllmRunner` (kept tokens at their original positions,
 vllm_pass.py). What is supported:
 
-- Speculator: a separate model of the same tokenizer, loaded with transformers on `--device`
-  (default: the first GPU, beside vLLM's rank 0), or `self`/`self:K` with early exit (no
-  look-ahead): vLLM holds the base weights in its own format, so only the tensors of the layers
-  the speculator runs (up to the last scored one) and the embeddings are read from the base's
-  checkpoint into transformers (counted in the memory plan); an FP8 checkpoint is refused. With
-  look-ahead `self` would need a second copy of the whole model: refused. At --keep 1.0 no
-  speculator is loaded.
+- Speculator: a separate model of the same tokenizer, or `self`/`self:K` with early exit (no
+  look-ahead): vLLM holds the base weights in its own format, so only the tensors of the layers the
+  speculator runs (up to the last scored one) and the embeddings are read from the base's checkpoint
+  into transformers (counted in the memory plan); an FP8 checkpoint is refused. With look-ahead `self`
+  would need a second copy of the whole model: refused. At --keep 1.0 no speculator is loaded.
+- Where it runs (`--speculator-placement`): `workers` (default) puts a replica in every vLLM worker, one
+  per GPU, on that worker's device; each batch's pruned prompts are shared among the ranks by tokens and
+  scored there with the hf engine's own speculate code (replica.py, `WorkerSpeculator`); the driver holds
+  no model. `driver` keeps one copy in this process on `--device` (the first GPU by default), as before.
+  Either way its memory reserve is taken out of `gpu_memory_utilization` (equal on every rank).
 - Model presets map to vLLM arguments (vllm_args.py): tensor parallel size, FP8, max_model_len;
-  `--tp`, `--max-model-len`, `--gpu-memory-utilization`, `--max-num-batched-tokens` override.
+  `--tp`, `--max-model-len`, `--gpu-memory-utilization`, `--max-num-batched-tokens`, `--max-num-seqs` and
+  `--kv-cache-dtype` override.
 - Greedy outputs follow transformers' semantics: stop at the first end-of-sequence id of the
   model (generation config, config, tokenizer), text decoded by the same tokenizer. Sampled
   outputs (temperature > 0) are seeded per row but come from vLLM's sampler, not torch's.
@@ -20,11 +24,13 @@ vllm_pass.py). What is supported:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
+import time
 from contextlib import contextmanager
+from pathlib import Path
 
-from spcli import models
 from spcli.config import RunConfig, ScoreConfig
 from spcli.device import pick_device
 from spcli.engine import load
@@ -35,6 +41,7 @@ from spcli.engine.vllm_args import (
     speculator_reserve_bytes,
 )
 from spcli.errors import ConfigError, EngineDied, RecordError
+from spcli.stop import StopAtSafePoint
 
 
 def self_speculator_refusal(speculator: str, model: str) -> str:
@@ -60,21 +67,25 @@ class VllmEngine:
         self.log = log
         self.stack = load.load_stack(cfg.model, cfg.speculator, cfg.dtype, "cpu", with_base=False)
         name = self.stack.speculator_name
-        self.speculator_path = None
+        self.source = None  # what the speculator loads (checked before vLLM starts); None: it cannot run here
         if load.parse_self(name) is None:
-            self.speculator_path = models.locate(name)
-            load.check_same_vocabulary(self.stack.tokenizer, load.load_tokenizer(self.speculator_path), cfg.model, name)
+            self.source = self.stack.speculator_source()
         elif cfg.score.lookahead:
             if cfg.select.prunes:  # at --keep 1.0 only a record's own keep could need it: an error row
                 raise ConfigError(self_speculator_refusal(name, cfg.model))
         else:
             num_layers = int(read_model_config(self.stack.path)["num_hidden_layers"])
             self.stack.speculator_layers = self_layers(name, cfg.score, num_layers)
+            self.source = self.stack.speculator_source()
         platform = _import_vllm()  # no CUDA runtime call before this (spcli/device.py); vLLM sets the NVML check too
-        self.stack.device = pick_device(cfg.device)
+        self.placement = cfg.vllm.speculator_placement
+        if self.placement == "driver":
+            self.stack.device = pick_device(cfg.device)
         self.owns_runner = runner is None
         self.runner = runner if runner is not None else self._start_runner(platform)
         self.stack.max_positions = self.runner.max_positions
+        if self.placement == "workers" and self.source is not None:
+            self.stack.speculate_remote = WorkerSpeculator(self.runner.llm, self.source, self.stack.eos_ids)
 
     def _start_runner(self, current_platform):
         from spcli.engine.vllm_pass import VllmRunner, VllmRunnerConfig
@@ -84,21 +95,27 @@ class VllmEngine:
             for key, value in cpu_env_defaults(args["tensor_parallel_size"]).items():
                 os.environ.setdefault(key, value)
         elif "gpu_memory_utilization" not in args and self._shares_gpu(args["tensor_parallel_size"]):
-            total = current_platform.get_device_total_memory(self.stack.device.index or 0)  # NVML: no CUDA init here
+            index = (self.stack.device.index or 0) if self.placement == "driver" else 0
+            total = current_platform.get_device_total_memory(index)  # NVML: no CUDA init here
             reserve = self._speculator_reserve(args["max_model_len"])
             self.stack.max_prompt_len = self._reserve_tokens(args["max_model_len"])  # longer: an error row, not an OOM
             self.stack.prompt_len_flag = "--max-model-len (it sizes the speculator's share of the GPU)"
             args["gpu_memory_utilization"] = gpu_memory_utilization(total, reserve)
-            self.log(f"speculator reserve {reserve / GiB:.1f} GiB of {total / GiB:.1f} GiB: "
+            where = "on every GPU" if self.placement == "workers" else f"on {self.stack.device}"
+            self.log(f"speculator reserve {reserve / GiB:.1f} GiB of {total / GiB:.1f} GiB {where}: "
                      f"gpu_memory_utilization={args['gpu_memory_utilization']}")
         self.log("starting vLLM: " + ", ".join(f"{k}={v}" for k, v in args.items() if k != "engine_kwargs"))
         return VllmRunner(VllmRunnerConfig(**args), self.stack.tokenizer, self.stack.eos_ids)
 
     def _shares_gpu(self, tp: int) -> bool:
-        """The speculator sits on one of vLLM's GPUs (0 .. tp-1) and will be loaded (--keep < 1)."""
+        """The speculator sits on vLLM's GPUs (workers: all of them; driver: --device, if one of 0 .. tp-1)
+        and will be loaded (--keep < 1)."""
+        if self.source is None or not self.cfg.select.prunes:
+            return False
+        if self.placement == "workers":
+            return True
         device = self.stack.device
-        has_speculator = self.speculator_path is not None or self.stack.speculator_layers is not None
-        return has_speculator and self.cfg.select.prunes and device.type == "cuda" and (device.index or 0) < tp
+        return device.type == "cuda" and (device.index or 0) < tp
 
     def _reserve_tokens(self, max_model_len: int | None) -> int:
         """The longest prompt the reserve is sized for: max_model_len (as plain vLLM would take it) within the
@@ -108,10 +125,7 @@ class VllmEngine:
 
     def _speculator_reserve(self, max_model_len: int | None) -> int:
         num_tokens = self._reserve_tokens(max_model_len)
-        if self.speculator_path is None:  # self: the base's first layers
-            shape = SpeculatorShape.from_folder(self.stack.path, self.stack.speculator_layers)
-        else:
-            shape = SpeculatorShape.from_folder(self.speculator_path)
+        shape = SpeculatorShape.from_folder(Path(self.source.path), self.source.num_layers)
         return speculator_reserve_bytes(shape, num_tokens, self.cfg.score, DTYPE_BYTES[self.stack.dtype])
 
     def check(self, req: PrunedRequest) -> None:
@@ -124,16 +138,47 @@ class VllmEngine:
         try:
             with _raise_if_engine_dies(self.runner.llm):
                 return self.runner.generate(requests)
-        except RuntimeError as e:  # EngineDeadError is not one
-            raise_if_device_error(e, "vllm")
+        except (RuntimeError, EngineDeadError) as e:  # EngineDeadError is not a RuntimeError
+            _raise_engine_died(e)
             raise
-        except EngineDeadError as e:
-            raise EngineDied("vLLM's engine processes died (the cause is in vLLM's log above); committed rows "
-                             "are safe: run the same command again to resume") from e
 
     def close(self) -> None:
         if self.owns_runner:
             self.runner.close()
+
+
+class WorkerSpeculator:
+    """The driver's side of `--speculator-placement workers`: a batch's prompts shared among vLLM's
+    workers by tokens (replica.balance), each rank scoring its share with its own replica in one
+    `collective_rpc`; importance comes back here, where selection runs."""
+
+    def __init__(self, llm, source, eos_ids: set[int]):
+        self.llm = llm
+        self.source = source.to_dict()
+        self.eos_ids = sorted(eos_ids)
+        self.num_ranks = llm.llm_engine.vllm_config.parallel_config.world_size
+        self.ranks_used: list[int] = []  # the ranks that answered the last call
+
+    def __call__(self, prompts: list[list[int]], score, on_stage=lambda text: None, should_stop=lambda: False):
+        from spcli.engine.replica import balance, gather
+
+        if should_stop():
+            raise StopAtSafePoint
+        on_stage(f"speculating {len(prompts)} prompts on {self.num_ranks} vLLM worker"
+                 f"{'' if self.num_ranks == 1 else 's'}")
+        shares = balance(list(map(len, prompts)), self.num_ranks)
+        t0 = time.perf_counter()
+        try:
+            with _raise_if_engine_dies(self.llm):
+                replies = self.llm.collective_rpc("spcli_speculate", args=(
+                    self.source, [[prompts[i] for i in share] for share in shares], dataclasses.asdict(score),
+                    self.eos_ids))
+        except Exception as e:  # a worker's exception comes back as a plain Exception with its message
+            _raise_engine_died(e)
+            raise
+        replies = sorted(replies, key=lambda r: r["rank"])
+        self.ranks_used = [r["rank"] for r, share in zip(replies, shares) if share]
+        return gather(shares, replies, len(prompts), time.perf_counter() - t0)
 
 
 def _import_vllm():
@@ -148,14 +193,25 @@ def _import_vllm():
     return current_platform
 
 
+def _raise_engine_died(e: BaseException) -> None:
+    """A device error or a dead engine core -> EngineDied (the run commits what is complete and stops)."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    raise_if_device_error(e, "vllm")
+    if isinstance(e, EngineDeadError):
+        raise EngineDied("vLLM's engine processes died (the cause is in vLLM's log above); committed rows "
+                         "are safe: run the same command again to resume") from e
+
+
 @contextmanager
 def _raise_if_engine_dies(llm, poll_s: float = 1.0):
-    """vLLM 0.32's sync client marks a dead engine core (`resources.engine_dead`) but leaves
-    `generate` blocked on its output queue for ever; hand that queue the error instead."""
+    """vLLM 0.32's sync client marks a dead engine core (`resources.engine_dead`) but leaves `generate`
+    blocked on its output queue, and a `collective_rpc` on its reply, for ever; hand both the error."""
     from vllm.v1.engine.exceptions import EngineDeadError
 
     client = llm.llm_engine.engine_core
     resources, outputs = getattr(client, "resources", None), getattr(client, "outputs_queue", None)
+    pending = getattr(client, "utility_results", {})  # call id -> Future of each utility call in flight
     if resources is None or outputs is None:  # in-process engine core: its errors raise directly
         yield
         return
@@ -165,6 +221,9 @@ def _raise_if_engine_dies(llm, poll_s: float = 1.0):
         while not done.wait(poll_s):
             if resources.engine_dead:
                 outputs.put_nowait(EngineDeadError())
+                for future in list(pending.values()):
+                    if not future.done():
+                        future.set_exception(EngineDeadError())
                 return
 
     thread = threading.Thread(target=watch, name="spcli-vllm-watch", daemon=True)

@@ -50,6 +50,7 @@ class VllmRunnerConfig:
     gpu_memory_utilization: float = 0.9  # on CPU: the share of RAM vLLM may take
     max_num_batched_tokens: int | None = None  # small values force chunked prefill
     max_num_seqs: int | None = None
+    kv_cache_dtype: str = "auto"  # fp8: half the KV bytes per token
     seed: int = 0
     enforce_eager: bool = False
     enable_prefix_caching: bool = False  # safe either way, see the module docstring
@@ -97,6 +98,7 @@ class VllmRunner:
             seed=config.seed,
             enforce_eager=config.enforce_eager,
             enable_prefix_caching=config.enable_prefix_caching,
+            kv_cache_dtype=config.kv_cache_dtype,
             worker_cls=WORKER_CLS,
             disable_log_stats=False,  # fills RequestOutput.metrics (time to first token)
             **{k: v for k, v in kwargs.items() if v is not None},

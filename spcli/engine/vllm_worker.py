@@ -20,6 +20,8 @@ version is refused at import: `_prepare_inputs` is private API). Supported:
   - CUDA: gpu Worker + the V1 GPUModelRunner. Model Runner V2 (vLLM 0.32's CUDA
     default) is refused: set VLLM_USE_V2_MODEL_RUNNER=0 (`VllmRunner` does).
   - Tensor parallelism: every rank runs this worker and remaps identically.
+The worker also holds a speculator replica (`spcli_speculate`, replica.py): each rank scores its
+share of a batch's pruned prompts on its own device.
 Refused: speculative decoding (EAGLE/draft runners build their own positions) and
 M-RoPE models (positions are 3-D there).
 """
@@ -171,7 +173,15 @@ class SpcliModelRunner(PositionRemapMixin, _BaseRunner):
 
 
 class SpcliWorker(_BaseWorker):
-    """vLLM's worker of this platform, running `SpcliModelRunner`."""
+    """vLLM's worker of this platform, running `SpcliModelRunner`, with a speculator replica on its
+    device (replica.py) that `LLM.collective_rpc("spcli_speculate", ...)` reaches."""
+
+    def spcli_speculate(self, source: dict, shares: list[list[list[int]]], score: dict, eos_ids: list[int]) -> dict:
+        """Score this rank's share (`shares[rank]`: token ids per prompt); {"rank", "wall_s", "results"}."""
+        from spcli.engine.replica import Replica
+
+        replica = self.__dict__.setdefault("_spcli_replica", Replica(self.device))
+        return {"rank": self.rank, **replica.speculate(source, shares[self.rank], score, eos_ids)}
 
     def init_device(self):
         if self.vllm_config.speculative_config is not None:
