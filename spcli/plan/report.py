@@ -11,14 +11,18 @@ def _gb(nbytes: int) -> str:
     return f"{nbytes / GB:.2f} GB"
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU" + ("s" if n > 1 else "")
+
+
 def _weights_note(p: Plan) -> str:
     base = p.base
     if p.quantization == "fp8" and not base.is_quantized:
         linear = sum(t.numel for t in base.tensors if t.is_layer_linear)
         return (f"{base.num_params / 1e9:.2f}e9 params: {linear / 1e9:.2f}e9 in the decoder layers' matmuls at 1 B (fp8), "
-                f"{(base.num_params - linear) / 1e9:.2f}e9 embeddings, LM head, norms at 2 B; / {p.tp} GPUs (norms on each)")
+                f"{(base.num_params - linear) / 1e9:.2f}e9 embeddings, LM head, norms at 2 B; / {_gpus(p.tp)} (norms on each)")
     total = sum(t.nbytes for t in base.tensors)
-    return f"{base.num_params / 1e9:.3f}e9 params, {_gb(total)} as stored; / {p.tp} GPUs (norms on each)"
+    return f"{base.num_params / 1e9:.3f}e9 params, {_gb(total)} as stored; / {_gpus(p.tp)} (norms on each)"
 
 
 def _reserve_lines(p: Plan) -> list[str]:
@@ -80,9 +84,11 @@ def plan_lines(p: Plan) -> list[str]:
     ]
     for lim in p.limits:
         if lim.placement == "driver":
-            how = f"full / (pruned + {p.tp} x speculator): it runs on GPU 0 alone while {p.tp - 1} GPUs wait"
+            how = f"full / (pruned + {p.tp} x speculator): it runs on GPU 0 alone" + (
+                f" while {_gpus(p.tp - 1)} wait" if p.tp > 1 else "")
         else:
             how = (f"full / (pruned + {lim.speculator_wall_flops / one.speculator_flops:g} x speculator): "
-                   f"each of {p.tp} ranks scores {-(-cfg.batch // p.tp)} of the {cfg.batch} prompts")
+                   f"each of {p.tp} ranks scores {-(-cfg.batch // p.tp)} of the {cfg.batch} prompts" if p.tp > 1
+                   else "one rank: the same as driver")
         lines.append(f"  placement {lim.placement:<8} {lim.limit:.2f}x   {how}")
     return lines
