@@ -69,7 +69,7 @@ def plan_lines(p: Plan) -> list[str]:
         "sized for it)",
     ]
     if p.reserve is not None and p.tp > 1:
-        lines.append(f"  placement driver leaves the reserve unused on GPUs 1-{p.tp - 1}; workers use it on every GPU")
+        lines.append(f"  (the driver placement leaves the reserve unused on GPUs 1-{p.tp - 1}; with workers every GPU uses it)")
     if not p.limits:
         return lines
     one = p.limits[0]
