@@ -125,17 +125,21 @@ def test_plan_cli_prints_the_numbers():
     lines = res.output.splitlines()
     for expected in (
         "GPUs        8 x 80 GiB = 85.90 GB each (GB = 10^9 B)",
-        "  gpu_memory_utilization 0.72      floor(100 x (85.90 - 23.29) / 85.90) / 100, at most 0.9; one value for every rank",
-        "  KV per token           64,512 B   126 layers x 2 (K, V) x 1 KV heads x 128 x 2 B (bfloat16)",
-        "  KV capacity            117,536 tokens",
-        "  placement driver   3.58x   full / (pruned + 8 x speculator): it runs on GPU 0 alone while 7 GPUs wait",
-        "  placement workers  9.00x   full / (pruned + 1 x speculator): each of 8 ranks scores 2 of the 16 prompts",
+        "  gpu_memory_utilization             0.72   floor(100 x (85.90 - 23.29) / 85.90) / 100, at most 0.9; "
+        "one value for every rank",
+        "  KV per token                   64,512 B   126 layers x 2 (K, V) x 1 KV heads x 128 x 2 B (bfloat16)",
+        "  KV capacity              117,536 tokens   whole blocks of 16",
+        "  prompts at once                      35   at keep 0.1, 3341 tokens each; full prefill 3 (32832 each)",
+        "  placement driver                  3.58x   full / (pruned + 8 x speculator): it runs on GPU 0 alone while "
+        "7 GPUs wait",
+        "  placement workers                 9.00x   full / (pruned + 1 x speculator): each of 8 ranks scores 2 of "
+        "the 16 prompts",
     ):
         assert expected in lines, f"{expected!r} not in:\n{res.output}"
-    assert any(line.startswith("  base weights           51.26 GB   405.85e9 params") for line in lines)
+    assert any(line.startswith("  base weights                   51.26 GB   405.85e9 params") for line in lines)
     one = CliRunner().invoke(app, ["plan", "--placement", "workers", "--kv-cache-dtype", "fp8"])
     assert one.exit_code == 0 and not any(line.startswith("  placement driver") for line in one.output.splitlines())
-    assert "  KV per token           32,256 B   126 layers x 2 (K, V) x 1 KV heads x 128 x 1 B (fp8)" in one.output
+    assert "  KV per token                   32,256 B   126 layers x 2 (K, V) x 1 KV heads x 128 x 1 B (fp8)" in one.output
 
 
 def test_bad_plans_are_refused_with_the_flag_named():
