@@ -151,5 +151,7 @@ def test_bad_plans_are_refused_with_the_flag_named():
         make_plan(PlanConfig(length=65536))
     with pytest.raises(ConfigError, match="transformers cannot run its quantized layers"):
         make_plan(PlanConfig(speculator="self:8", score=ScoreConfig(lookahead=0, window=32, score_layers="7")))
+    long = CliRunner().invoke(app, ["plan", "--max-model-len", "131072"])  # the 8B's cache for 131072 tokens: 17.2 GB
+    assert long.exit_code == 0 and "  DOES NOT FIT: max_model_len 131,072 > KV capacity 0 tokens" in long.output
     res = CliRunner().invoke(app, ["plan", "--tp", "3"])
     assert isinstance(res.exception, ConfigError) and "--tp 3 does not divide" in str(res.exception)

@@ -6,14 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-HELP = """Print the plan of a vLLM run without loading weights: per-GPU base weights, the speculator's reserve,
-gpu_memory_utilization, KV bytes per token and KV capacity per GPU, how many prompts of --length fit at once
-at --keep, the longest max_model_len that fits, and the FLOP limit of the TTFT speed-up per placement.
-
-The facts come from the models' config.json (and safetensors headers) when they are on this machine, else from
-the configs shipped for the presets. Placement driver: the speculator runs on GPU 0 only while the other GPUs
-wait; workers: a replica on every GPU, each rank scoring its share of the prompts. The formulas are in the
-docstrings of spcli/plan/memory.py and spcli/plan/flops.py."""
+HELP = ("Print the plan of a vLLM run without loading weights: per-GPU base weights, the speculator's reserve, "
+        "gpu_memory_utilization, KV bytes per token and KV capacity per GPU, how many prompts of --length fit at once "
+        "at --keep, the longest max_model_len that fits, and the FLOP limit of the TTFT speed-up per placement.\n\n"
+        "The facts come from the models' config.json (and safetensors headers) when they are on this machine, else "
+        "from the configs shipped for the presets. Placement driver: the speculator runs on GPU 0 only while the "
+        "other GPUs wait; workers: a replica on every GPU, each rank scoring its share of the prompts. The formulas "
+        "are in the docstrings of spcli/plan/memory.py and spcli/plan/flops.py.")
 
 
 def register(app: typer.Typer) -> None:

@@ -61,6 +61,9 @@ def _memory_lines(p: Plan) -> list[str]:
         _row("longest max_model_len", f"{p.longest_max_model_len:,} tokens",
              "one request of it fits the KV cache, the reserve sized for it"),
     ]
+    if p.kv_tokens < p.max_model_len:
+        lines.append(f"  DOES NOT FIT: max_model_len {p.max_model_len:,} > KV capacity {p.kv_tokens:,} tokens "
+                     "(vLLM refuses to start): lower --max-model-len or the speculator's reserve")
     if r is not None and p.tp > 1:
         lines.append(f"  (the driver placement leaves the reserve unused on GPUs 1-{p.tp - 1}; with workers every GPU uses it)")
     return lines
