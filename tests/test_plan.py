@@ -142,6 +142,12 @@ def test_plan_cli_prints_the_numbers():
     assert "  KV per token                   32,256 B   126 layers x 2 (K, V) x 1 KV heads x 128 x 1 B (fp8)" in one.output
 
 
+def test_keep_one_runs_no_speculator():
+    p = make_plan(PlanConfig(model="llama-70b", keep=1.0))
+    assert p.reserve is None and p.gpu_memory_utilization == 0.9 and p.limits == ()
+    assert p.base_weights == (80 * 8192 * (2 * 8192 + 2 * 1024 + 3 * 28672) + 2 * 128256 * 8192) * 2 // 8 + 161 * 8192 * 2
+
+
 def test_bad_plans_are_refused_with_the_flag_named():
     for kw, match in ((dict(placement="gpu0"), "--placement"), (dict(kv_cache_dtype="int4"), "--kv-cache-dtype"),
                       (dict(keep=0.0), "--keep"), (dict(speculator_chunk=0), "--speculator-chunk")):

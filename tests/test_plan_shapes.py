@@ -32,6 +32,9 @@ def test_smollm2_shipped_config_is_its_folders(smollm2_dir):
     assert from_folder.source.endswith("config.json") and dataclasses.replace(from_folder, source=SHIPPED) == shipped
     assert from_folder.num_params == shipped.num_params == 134_515_008  # tied: one embedding stored
     assert model_shape("llama-405b-fp8").source == SHIPPED  # no weights here
+    for name, match in (("random-405b", "random-weight model"), ("no-such-model", "unknown model")):
+        with pytest.raises(ModelError, match=match):
+            model_shape(name)  # nothing is built or downloaded
 
 
 def test_shape_is_read_from_the_folder(tiny_dir, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spcli import models
+from spcli.errors import ModelError
 from spcli.plan.shapes import ModelShape
 
 LLAMA3_VOCAB = 128256
@@ -50,6 +51,8 @@ def local_folder(name: str) -> Path | None:
 
 def model_shape(name: str, dtype: str = "bfloat16") -> ModelShape:
     """A local folder's config.json and safetensors headers, else the shipped config of a preset."""
+    if name in models.BENCH_PAIR:
+        raise ModelError(f"{name} is `spcli bench`'s random-weight model: plan its folder once built, or a preset")
     folder = local_folder(name)
     if folder is not None:
         return ModelShape.from_folder(folder, name=name)
