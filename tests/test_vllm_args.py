@@ -1,76 +1,20 @@
-"""vLLM arguments and the speculator's GPU share (spcli/engine/vllm_args.py): pure, no vLLM needed."""
+"""vLLM arguments (spcli/engine/vllm_args.py): pure, no vLLM needed. The speculator's GPU share: test_plan_memory.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 from typer.testing import CliRunner
 
-from spcli.config import RunConfig, ScoreConfig, VllmConfig
+from spcli.config import RunConfig, VllmConfig
 from spcli.engine import vllm_args
-from spcli.engine.vllm_args import GiB, SpeculatorShape, engine_args, gpu_memory_utilization, speculator_reserve_bytes
+from spcli.engine.vllm_args import engine_args
 from spcli.errors import ConfigError
-
-# Llama-3.1-8B-Instruct (config.json of meta-llama/Llama-3.1-8B-Instruct; 8,030,261,248 parameters).
-LLAMA_8B = SpeculatorShape(num_params=8_030_261_248, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
-                           hidden_size=4096, intermediate_size=14336)
-H100_BYTES = 81559 * (1 << 20)  # nvidia-smi's total for an H100 80GB SXM
 
 
 def run_config(**kw) -> RunConfig:
     return RunConfig(inputs=("in.jsonl",), out="out", **kw)
-
-
-def test_reserve_of_an_8b_speculator_for_a_32k_prompt():
-    n, a, b = 32768, 8, 2
-    terms = {
-        "weights": 8_030_261_248 * b,  # 16.06 GB
-        "kv": 2 * 32 * 8 * 128 * (n + a) * b,  # 128 KiB per token: 4.30 GB
-        "activations": n * (3 * 14336 + 4 * 4096) * b,  # 3.89 GB
-        "queries": 32 * 32 * (a + 1) * 128 * b,  # the scored rows of every layer, copies: 9.4 MB
-        "mask": n * n,  # 1.07 GB
-        "scoring": 2 * 32 * (a + 1) * n * 4,  # 0.08 GB
-        "context": GiB,
-    }
-    reserve = speculator_reserve_bytes(LLAMA_8B, n, ScoreConfig(lookahead=a, window=0, score_layers="all"), b)
-    assert reserve == sum(terms.values())
-    assert round(reserve / 1e9, 1) == 26.5  # the docstring's number
-    assert gpu_memory_utilization(H100_BYTES, reserve) == 0.69  # floor((85.52 - 26.48) / 85.52, 2)
-    assert gpu_memory_utilization(H100_BYTES, 2 * GiB) == 0.9  # vLLM's default caps it
-
-
-def test_reserve_of_an_early_exit_speculator_holds_only_the_scored_layer():
-    """Window 32, layer 13 of 32, no look-ahead (GemFilter's Llama-3.1-8B layer), first 14 layers loaded."""
-    n, b = 32768, 2
-    shape = dataclasses.replace(LLAMA_8B, num_layers=14, num_params=LLAMA_8B.num_params * 14 // 32)
-    reserve = speculator_reserve_bytes(shape, n, ScoreConfig(lookahead=0, window=32, score_layers="13"), b)
-    kv = 3 * 8 * 128 * n * b  # keys of the one scored layer + one layer's k, v in flight: 0.2 GB, not 4.3
-    assert reserve == (shape.num_params * b + kv + 32 * 32 * 128 * b + n * (3 * 14336 + 4 * 4096) * b + n * n
-                       + 2 * 32 * 32 * n * 4 + GiB)
-    full = speculator_reserve_bytes(LLAMA_8B, n, ScoreConfig(lookahead=8, window=0, score_layers="all"), b)
-    assert reserve < 0.6 * full
-
-
-def test_a_speculator_that_leaves_too_little_is_refused():
-    with pytest.raises(ConfigError, match="leaving too little for the base model: lower --max-model-len"):
-        gpu_memory_utilization(16 * GiB, 15 * GiB)
-
-
-def test_speculator_shape_is_read_from_the_folder(tiny_dir, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    shape = SpeculatorShape.from_folder(tiny_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
-    assert shape.num_params == sum(p.numel() for p in model.parameters())
-    assert (shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.head_dim) == (3, 4, 2, 16)
-    first = SpeculatorShape.from_folder(tiny_dir, num_layers=1)  # self:1 on vLLM loads layer 0 only
-    per_layer = sum(p.numel() for p in model.model.layers[0].parameters())
-    assert first.num_layers == 1 and first.num_params == shape.num_params - 2 * per_layer
-    (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ConfigError, match="no \\*.safetensors files.*--gpu-memory-utilization"):
-        SpeculatorShape.from_folder(tmp_path)
 
 
 def test_presets_map_to_vllm_arguments(tmp_path):

@@ -1,0 +1,172 @@
+"""Per-GPU memory of a vLLM base with a speculator beside it: pure functions of the model shapes.
+
+`speculator_share` is what the vLLM engine calls to set `gpu_memory_utilization`; `spcli plan`
+prints the same numbers. GB = 10^9 B, GiB = 2^30 B.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from spcli.config import ScoreConfig
+from spcli.errors import ConfigError
+from spcli.plan.shapes import ModelShape
+
+GB = 10**9
+GiB = 1 << 30
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's own default, used when the GPU is not shared
+MIN_GPU_MEMORY_UTILIZATION = 0.1
+CONTEXT_BYTES = 1 * GiB  # the speculator process's CUDA context and allocator slack
+DEFAULT_SPECULATOR_CHUNK = 8192  # tokens the speculator prefills per forward (--speculator-chunk)
+VLLM_RUNTIME_BYTES = 3 * GB  # vLLM's activations, CUDA graphs and NCCL buffers per GPU: an estimate, not measured
+VLLM_BLOCK_SIZE = 16  # tokens per KV-cache block
+KV_CACHE_BYTES = {"fp8": 1}  # --kv-cache-dtype; "auto" = the base's dtype
+
+
+def kv_heads_per_gpu(shape: ModelShape, tp: int) -> int:
+    """vLLM splits the KV heads over the ranks; with fewer heads than ranks each rank holds a copy of one."""
+    return max(1, shape.num_kv_heads // tp)
+
+
+def base_weight_bytes_per_gpu(shape: ModelShape, tp: int, quantization: str | None) -> int:
+    """Weights one rank holds: every tensor's stored bytes, split over tp ranks, except the 1-D ones
+    (norms), which every rank holds whole; k_proj/v_proj are split by KV heads (copied when KVH < tp).
+
+        W_gpu = sum_matrices(bytes) / tp + sum_norms(bytes)
+
+    quantization "fp8" on a checkpoint not stored quantized (vLLM quantizes while loading): each
+    decoder layer's projection counts 1 B per weight; embeddings, LM head and norms keep their dtype.
+    A checkpoint stored quantized counts what its headers say (its scales included).
+    """
+    quantize = quantization == "fp8" and not shape.is_quantized
+    total = 0
+    for t in shape.tensors:
+        nbytes = t.numel if quantize and t.is_layer_linear else t.nbytes
+        if "norm" in t.name:  # input_layernorm, post_attention_layernorm, model.norm
+            total += nbytes * tp
+        elif t.name.endswith(("k_proj.weight", "v_proj.weight")):
+            total += nbytes * kv_heads_per_gpu(shape, tp) * tp // shape.num_kv_heads
+        else:
+            total += nbytes
+    return total // tp
+
+
+def kv_bytes_per_token_per_gpu(shape: ModelShape, tp: int, kv_cache_bytes: int) -> int:
+    """L layers x 2 (K and V) x KV heads per GPU x D x bytes per element."""
+    return shape.num_layers * 2 * kv_heads_per_gpu(shape, tp) * shape.head_dim * kv_cache_bytes
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """The speculator's bytes on one GPU, term by term (`speculator_reserve`)."""
+
+    weights: int
+    kv: int
+    repeated_kv: int
+    queries: int
+    activations: int
+    mask: int
+    scoring: int
+    context: int
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+def layers_run(shape: ModelShape, score: ScoreConfig) -> int:
+    """Layers the speculator runs: all of them with look-ahead (it decodes), else up to the last scored one."""
+    return shape.num_layers if score.lookahead else score.layers(shape.num_layers)[-1] + 1
+
+
+def speculator_reserve(shape: ModelShape, num_tokens: int, score: ScoreConfig, dtype_bytes: int,
+                       chunk: int = DEFAULT_SPECULATOR_CHUNK) -> Reserve:
+    """GPU bytes the speculator (`shape`: the layers it loads; `score` resolved) holds for prompts of
+    up to N = num_tokens tokens, prefilled C = chunk tokens per forward.
+
+    T = max(N, SPECULATOR_BATCH_TOKENS) tokens of one batched pass, c = min(C, T) of them in flight,
+    L_r layers run (`layers_run`), S scored layers, R = W + A query rows (W window rows, A look-ahead),
+    b bytes per element:
+
+        W      = P * b                                weights (P parameters of the layers loaded)
+        KV     = 2 * L_r * KVH * D * (T + A) * b      the cache: later chunks (and the look-ahead) attend to it
+               = (S + 2) * KVH * D * T * b            one chunk, early exit: the scored layers' keys, one layer's k, v
+        REP    = 2 * H * D * T * b                    one layer's K, V repeated to every query head (sdpa with a mask)
+        Q      = S * H * R * D * b                    the scored query rows
+        ACT    = c * (3 * I + 4 * h) * b              one decoder layer's peak: 3 MLP intermediates, 4 hidden-size tensors
+        MASK   = c * T                                the boolean attention mask of one chunk
+        SC     = 2 * H * R * N * 4                    scoring: one layer's softmax and its pooled copy, fp32
+        CTX    = 1 GiB                                the CUDA context and allocator slack
+        reserve = W + KV + REP + Q + ACT + MASK + SC + CTX
+
+    Activations scale with C, the cache with N: the prompt cap is the base's max_model_len.
+    Llama-3.1-8B in bf16 at N = 32768, C = 8192, the paper's recipe (A = 8, every layer, R = 9):
+    16.06 + 4.30 + 0.54 + 0.00 + 0.97 + 0.27 + 0.08 + 1.07 = 23.29 GB.
+    """
+    from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS  # the batched pass's size (imports torch)
+
+    n, b = num_tokens, dtype_bytes
+    t = max(n, SPECULATOR_BATCH_TOKENS)
+    c = min(chunk, t)
+    a = score.lookahead or 0
+    rows = score.num_prompt_rows + a
+    scored = len(score.layers(shape.num_layers))
+    kvh, d, h = shape.num_kv_heads, shape.head_dim, shape.num_heads
+    if a or c < t:
+        kv = 2 * layers_run(shape, score) * kvh * d * (t + a) * b
+    else:
+        kv = (scored + 2) * kvh * d * t * b
+    return Reserve(
+        weights=shape.num_params * b, kv=kv, repeated_kv=2 * h * d * t * b if h > kvh else 0,
+        queries=scored * h * rows * d * b, activations=c * (3 * shape.intermediate_size + 4 * shape.hidden_size) * b,
+        mask=c * t, scoring=2 * h * rows * n * 4, context=CONTEXT_BYTES,
+    )
+
+
+def speculator_reserve_bytes(shape: ModelShape, num_tokens: int, score: ScoreConfig, dtype_bytes: int,
+                             chunk: int = DEFAULT_SPECULATOR_CHUNK) -> int:
+    return speculator_reserve(shape, num_tokens, score, dtype_bytes, chunk).total
+
+
+def gpu_memory_utilization(total_bytes: int, reserve_bytes: int) -> float:
+    """vLLM's share of each GPU when a speculator shares it (one value for every rank):
+
+        gpu_memory_utilization = min(0.9, floor(100 * (T - reserve) / T) / 100)
+
+    T = the GPU's total memory. vLLM takes that fraction of T for weights, activations and KV
+    cache on every rank; the speculator lives in the rest.
+    """
+    share = math.floor(100 * (total_bytes - reserve_bytes) / total_bytes) / 100
+    if share < MIN_GPU_MEMORY_UTILIZATION:
+        raise ConfigError(
+            f"the speculator needs {reserve_bytes / GiB:.1f} GiB of the GPU's {total_bytes / GiB:.1f} GiB, "
+            "leaving too little for the base model: lower --max-model-len (it bounds the speculator's "
+            "prompt) or --speculator-chunk, or use a smaller speculator"
+        )
+    return min(DEFAULT_GPU_MEMORY_UTILIZATION, share)
+
+
+@dataclass(frozen=True)
+class SpeculatorShare:
+    reserve: Reserve
+    gpu_memory_utilization: float
+
+
+def speculator_share(speculator: ModelShape, score: ScoreConfig, max_model_len: int, chunk: int,
+                     gpu_total_bytes: int, dtype_bytes: int) -> SpeculatorShare:
+    """The engine's entry point, placement workers: one speculator replica on every GPU, sized for
+    prompts up to max_model_len prefilled `chunk` tokens at a time; the same utilization on every rank.
+    (Placement driver reserves the same on GPU 0, and vLLM takes that utilization on every rank too.)"""
+    reserve = speculator_reserve(speculator, max_model_len, score, dtype_bytes, chunk)
+    return SpeculatorShare(reserve, gpu_memory_utilization(gpu_total_bytes, reserve.total))
+
+
+def kv_cache_bytes_per_gpu(gpu_total_bytes: int, utilization: float, weights_per_gpu: int) -> int:
+    """What vLLM has left for the KV cache: utilization * T - weights - runtime (activations, graphs, NCCL)."""
+    return int(utilization * gpu_total_bytes) - weights_per_gpu - VLLM_RUNTIME_BYTES
+
+
+def kv_capacity_tokens(kv_bytes: int, kv_per_token: int) -> int:
+    """Whole blocks of VLLM_BLOCK_SIZE tokens that fit in kv_bytes (0 when nothing fits)."""
+    return max(0, kv_bytes // (kv_per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE
