@@ -13,15 +13,6 @@ from pathlib import Path
 from spcli import models
 from spcli.config import RunConfig
 
-# The speculator's GPU share lives in spcli.plan (one implementation for `spcli plan` and the engine);
-# re-exported here for vllm_engine.py until it imports them from there.
-from spcli.plan.memory import GiB, gpu_memory_utilization, speculator_reserve_bytes
-from spcli.plan.shapes import DTYPE_BYTES
-from spcli.plan.shapes import ModelShape as SpeculatorShape
-
-__all__ = ["CPU_ENV_KVCACHE_GIB", "DTYPE_BYTES", "GiB", "SpeculatorShape", "cpu_env_defaults", "engine_args",
-           "gpu_memory_utilization", "read_model_config", "speculator_reserve_bytes"]
-
 CPU_ENV_KVCACHE_GIB = "2"
 
 

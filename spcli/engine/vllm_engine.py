@@ -36,11 +36,9 @@ from spcli.device import pick_device
 from spcli.engine import load
 from spcli.engine.failures import raise_if_device_error
 from spcli.engine.request import Generation, PrunedRequest
-from spcli.engine.vllm_args import (
-    DTYPE_BYTES, GiB, SpeculatorShape, cpu_env_defaults, engine_args, gpu_memory_utilization, read_model_config,
-    speculator_reserve_bytes,
-)
+from spcli.engine.vllm_args import cpu_env_defaults, engine_args, read_model_config
 from spcli.errors import ConfigError, EngineDied, RecordError
+from spcli.plan.memory import GiB
 from spcli.stop import StopAtSafePoint
 
 
@@ -97,13 +95,13 @@ class VllmEngine:
         elif "gpu_memory_utilization" not in args and self._shares_gpu(args["tensor_parallel_size"]):
             index = (self.stack.device.index or 0) if self.placement == "driver" else 0
             total = current_platform.get_device_total_memory(index)  # NVML: no CUDA init here
-            reserve = self._speculator_reserve(args["max_model_len"])
+            share = self._speculator_share(args["max_model_len"], total)
             self.stack.max_prompt_len = self._reserve_tokens(args["max_model_len"])  # longer: an error row, not an OOM
             self.stack.prompt_len_flag = "--max-model-len (it sizes the speculator's share of the GPU)"
-            args["gpu_memory_utilization"] = gpu_memory_utilization(total, reserve)
+            args["gpu_memory_utilization"] = share.gpu_memory_utilization
             where = "on every GPU" if self.placement == "workers" else f"on {self.stack.device}"
-            self.log(f"speculator reserve {reserve / GiB:.1f} GiB of {total / GiB:.1f} GiB {where}: "
-                     f"gpu_memory_utilization={args['gpu_memory_utilization']}")
+            self.log(f"speculator reserve {share.reserve.total / GiB:.1f} GiB of {total / GiB:.1f} GiB {where}: "
+                     f"gpu_memory_utilization={share.gpu_memory_utilization} (spcli plan shows the terms)")
         self.log("starting vLLM: " + ", ".join(f"{k}={v}" for k, v in args.items() if k != "engine_kwargs"))
         return VllmRunner(VllmRunnerConfig(**args), self.stack.tokenizer, self.stack.eos_ids)
 
@@ -123,10 +121,14 @@ class VllmEngine:
         max_positions = int(read_model_config(self.stack.path).get("max_position_embeddings", 1 << 17))
         return min(max_model_len or max_positions, max_positions)
 
-    def _speculator_reserve(self, max_model_len: int | None) -> int:
-        num_tokens = self._reserve_tokens(max_model_len)
-        shape = SpeculatorShape.from_folder(Path(self.source.path), self.source.num_layers)
-        return speculator_reserve_bytes(shape, num_tokens, self.cfg.score, DTYPE_BYTES[self.stack.dtype])
+    def _speculator_share(self, max_model_len: int | None, total_bytes: int):
+        """The plan's (spcli/plan/memory.py): the reserve for prompts up to max_model_len, the utilization."""
+        from spcli.plan.memory import DEFAULT_SPECULATOR_CHUNK, speculator_share
+        from spcli.plan.shapes import DTYPE_BYTES, ModelShape
+
+        shape = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
+        return speculator_share(shape, self.cfg.score, self._reserve_tokens(max_model_len), DEFAULT_SPECULATOR_CHUNK,
+                                total_bytes, DTYPE_BYTES[self.stack.dtype])
 
     def check(self, req: PrunedRequest) -> None:
         self.runner.check(req)  # e.g. kept + max_tokens > max_model_len

@@ -124,11 +124,6 @@ def speculator_reserve(shape: ModelShape, num_tokens: int, score: ScoreConfig, d
     )
 
 
-def speculator_reserve_bytes(shape: ModelShape, num_tokens: int, score: ScoreConfig, dtype_bytes: int,
-                             chunk: int = DEFAULT_SPECULATOR_CHUNK) -> int:
-    return speculator_reserve(shape, num_tokens, score, dtype_bytes, chunk).total
-
-
 def gpu_memory_utilization(total_bytes: int, reserve_bytes: int) -> float:
     """vLLM's share of each GPU when a speculator shares it (one value for every rank):
 
