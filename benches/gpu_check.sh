@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# --engine vllm on one CUDA GPU, sized for an H200 (141 GB), in under 8 minutes:
-#   1. the vLLM parity tests on CUDA (tests/test_vllm_engine.py: gapped positions vs transformers,
-#      chunked prefill, prefix-cache salt, refusals) and the pure tests of tests/test_vllm_args.py;
-#   2. `spcli run --engine vllm` end to end with a random-weight Llama-3.2-1B-shape base and a 2-layer
-#      speculator on the same GPU (the computed --gpu-memory-utilization is logged), 16 x 8k prompts;
-#   3. benches/vllm_ttft.py (full prefill vs kept tokens, keep 0.1/0.3/0.5) on random weights of
+# --engine vllm on one CUDA GPU, sized for an H200 (141 GB), in under 10 minutes:
+#   1. tests on CUDA: the vLLM parity tests (tests/test_vllm_engine.py: gapped positions vs transformers,
+#      chunked prefill, prefix-cache salt, refusals), the start-up check (tests/test_vllm_startup.py: no
+#      CUDA runtime call before vLLM forks), the plan (tests/test_plan*.py, tests/test_vllm_args.py), and
+#      the scoring kernel compiled for the GPU against its reference in bf16 (tests/test_kernels_score*.py,
+#      TRITON_INTERPRET unset);
+#   2. `spcli run --engine vllm` end to end, a real start-up on CUDA (fork safety for real), with a
+#      random-weight Llama-3.2-1B-shape base and a 2-layer speculator, 16 x 8k prompts, once per
+#      --speculator-placement (workers, driver): the workers vs driver TTFT ratio (on one GPU both
+#      placements share it: this checks the replica path costs nothing, not the 8-GPU gain);
+#   3. benches/vllm_peer.py on an 8B-shaped pair: Llama-3.1-8B shape with vLLM's random "dummy" weights
+#      as the base, a random Llama-3.2-1B-shape speculator: spcli (keep 0.1, both placements) vs plain
+#      vLLM full prefill TTFT;
+#   4. benches/vllm_ttft.py (full prefill vs kept tokens, keep 0.1/0.3/0.5) on random weights of
 #      Llama-3.1-8B shape and of Llama-3.1-70B layer shape (40 of its 80 layers: the whole 70B in bf16,
 #      141 GB, does not fit one GPU; depth scales full and pruned alike, so the ratio holds).
-# Nothing is downloaded: models are built from configs; the TTFT runs use vLLM's random "dummy" weights.
+# Nothing is downloaded: models are built from configs; the base weights of 3-4 are vLLM's "dummy" ones.
 # Needs a Python with vllm==0.32.0 (CUDA) and the torch it pins, plus transformers, pyarrow, typer,
-# rich, orjson, tqdm and pytest; spcli itself is used from this checkout. Writes gpu.txt, tests.txt,
-# run.txt, ttft_8b.txt, ttft_70b.txt under $OUT (default out/gpu_vllm).
+# rich, orjson, tqdm, triton and pytest; spcli itself is used from this checkout. Writes gpu.txt,
+# tests.txt, run_workers.txt, run_driver.txt, peer.txt, ttft_8b.txt, ttft_70b.txt under $OUT
+# (default out/gpu_vllm).
 # GPU_CHECK_SCALE=tiny runs the same steps with tiny shapes (on vLLM's CPU build, to check the script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,9 +41,12 @@ if ! "$PY" -c "import vllm" >/dev/null 2>&1; then
   exit 3
 fi
 
-timeout 90 "$PY" -m pytest tests/test_vllm_engine.py tests/test_vllm_args.py -q -p no:cacheprovider -rs \
-  -k "not speculator_shape" 2>&1 | tee "$OUT/tests.txt"  # that one needs the SmolLM2 tokenizer (not here)
-tests_rc=${PIPESTATUS[0]}
+KERNEL_TESTS=""
+[ "$SCALE" = full ] && KERNEL_TESTS="tests/test_kernels_score.py tests/test_kernels_score_triton.py"
+(unset TRITON_INTERPRET; timeout 180 "$PY" -m pytest tests/test_vllm_engine.py tests/test_vllm_args.py \
+  tests/test_vllm_startup.py tests/test_plan.py tests/test_plan_memory.py tests/test_plan_shapes.py $KERNEL_TESTS \
+  -q -p no:cacheprovider -rs -k "not speculator_shape and not smollm2") 2>&1 | tee "$OUT/tests.txt"
+tests_rc=${PIPESTATUS[0]}  # (tests that need the SmolLM2 tokenizer skip or are deselected: it is not there)
 
 # Models from configs: a WordLevel tokenizer ("w0", "w1", ...) shared by base and speculator.
 cat > "$WORK/e2e.py" <<'EOF'
@@ -45,7 +57,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-work, scale = Path(sys.argv[1]), sys.argv[2]
+work, scale, placement = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 gpu = scale == "full"
 vocab = 128256 if gpu else 4096
 # Llama-3.2-1B: hidden 2048, 16 layers, 32 heads, 8 KV heads, ffn 8192 (tied embeddings).
@@ -75,14 +87,18 @@ def build(dest, shape):
     return dest
 
 t0 = time.time()
-base_dir, spec_dir = build(work / "base", base), build(work / "spec", spec)
-rng = random.Random(0)
-with open(work / "in.jsonl", "w") as f:
-    for i in range(rows):
-        f.write(json.dumps({"id": f"p{i}", "prompt": " ".join(f"w{rng.randrange(3, vocab - 3)}" for _ in range(n))}) + "\n")
-print(f"built models and {rows} prompts of {n} words in {time.time() - t0:.0f} s", flush=True)
+base_dir, spec_dir = work / "base", work / "spec"
+if not base_dir.exists():  # the first placement builds what both use
+    build(base_dir, base), build(spec_dir, spec)
+    rng = random.Random(0)
+    with open(work / "in.jsonl", "w") as f:
+        for i in range(rows):
+            f.write(json.dumps({"id": f"p{i}", "prompt": " ".join(f"w{rng.randrange(3, vocab - 3)}" for _ in range(n))}) + "\n")
+    print(f"built models and {rows} prompts of {n} words in {time.time() - t0:.0f} s", flush=True)
 main = "import sys\nfrom spcli.cli import main\nif __name__ == '__main__':\n    sys.argv[0] = 'spcli'\n    main()"
-cmd = [sys.executable, "-c", main, "run", str(work / "in.jsonl"), "--out", str(work / "out"), "--engine", "vllm",
+out_dir = work / f"out_{placement}"
+cmd = [sys.executable, "-c", main, "run", str(work / "in.jsonl"), "--out", str(out_dir), "--engine", "vllm",
+       "--speculator-placement", placement,
        "--model", str(base_dir), "--speculator", str(spec_dir), "--keep", "0.1", "--max-tokens", "16",
        "--batch-size", str(rows), "--max-model-len", str(max_len), "--dtype", "bfloat16" if gpu else "float32",
        "--enforce-eager"]  # torch.compile + CUDA graphs would cost minutes of start-up
@@ -91,16 +107,69 @@ lines = [l for l in proc.stderr.splitlines() if not l.startswith("(")]  # vLLM's
 print("\n".join(lines[-12:]))
 print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "(no stdout)")
 import pyarrow.parquet as pq
-out = [r for p in sorted((work / "out").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+out = [r for p in sorted(out_dir.glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
 ok = proc.returncode == 0 and len(out) == rows and all(r["error"] is None for r in out)
 ok = ok and all(r["num_kept_tokens"] == max(math.ceil(0.1 * r["num_prompt_tokens"]), 4 + 64) for r in out)
 ttft = sorted(r["ttft_s"] for r in out)
-print(f"e2e {'OK' if ok else 'FAILED'}: exit {proc.returncode}, {len(out)} rows, ttft median {ttft[len(ttft) // 2]:.3f} s"
+print(f"e2e {placement} {'OK' if ok else 'FAILED'}: exit {proc.returncode}, {len(out)} rows, ttft median {ttft[len(ttft) // 2]:.3f} s"
       if out else f"e2e FAILED: exit {proc.returncode}, no rows")
 sys.exit(0 if ok else 1)
 EOF
-timeout 140 "$PY" "$WORK/e2e.py" "$WORK" "$SCALE" 2>&1 | tee "$OUT/run.txt"
-run_rc=${PIPESTATUS[0]}
+run_rc=0
+for placement in workers driver; do
+  timeout 150 "$PY" "$WORK/e2e.py" "$WORK" "$SCALE" "$placement" 2>&1 | tee "$OUT/run_$placement.txt"
+  rc=${PIPESTATUS[0]}; [ "$rc" -ne 0 ] && run_rc=$rc
+done
+"$PY" - "$OUT" <<'EOF' 2>&1 | tee -a "$OUT/gpu.txt"
+import re, sys
+from pathlib import Path
+med = {p: float(re.search(r"ttft median ([0-9.]+) s", (Path(sys.argv[1]) / f"run_{p}.txt").read_text()).group(1))
+       for p in ("workers", "driver")}
+print(f"placement workers vs driver TTFT ratio (e2e, median row): {med['driver'] / med['workers']:.2f}x")
+EOF
+
+# spcli vs plain vLLM on an 8B-shaped pair: the base's folder holds config.json + tokenizer (weights: dummy),
+# the speculator is a random Llama-3.2-1B shape saved with the same tokenizer.
+cat > "$WORK/pair.py" <<'EOF'
+import json, sys
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+work, gpu = Path(sys.argv[1]), sys.argv[2] == "full"
+vocab = 128256 if gpu else 4096
+words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(vocab - 3)]
+tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+common = dict(vocab_size=vocab, max_position_embeddings=32768, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+base = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+            num_key_value_heads=8) if gpu else dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                                     num_attention_heads=4, num_key_value_heads=2)
+spec = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+            num_key_value_heads=8) if gpu else dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                     num_attention_heads=2, num_key_value_heads=1)
+for name, shape in (("pair_base", base), ("pair_spec", spec)):
+    dest = work / name
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(dest)
+    config = LlamaConfig(**common, **shape, dtype="bfloat16" if gpu else "float32")
+    if name == "pair_base":
+        config.save_pretrained(dest)  # vLLM's dummy weights
+        continue
+    torch.manual_seed(0)
+    with torch.device("cuda" if gpu else "cpu"):
+        LlamaForCausalLM(config).to(torch.bfloat16 if gpu else torch.float32).save_pretrained(dest)
+    if gpu:
+        torch.cuda.empty_cache()
+print(json.dumps({"base": base, "speculator": spec}))
+EOF
+if [ "$SCALE" = full ]; then PEER="--n 16384 --batch 8 --repeats 2 --dtype bfloat16 --max-model-len 32768"
+else PEER="--n 512 --batch 2 --repeats 1 --dtype float32 --max-model-len 2048"; fi
+{ timeout 60 "$PY" "$WORK/pair.py" "$WORK" "$SCALE" &&
+  timeout 200 "$PY" benches/vllm_peer.py --model "$WORK/pair_base" --speculator "$WORK/pair_spec" --keep 0.1 \
+    --placements workers,driver --load-format dummy $PEER; } 2>&1 | tee "$OUT/peer.txt"
+peer_rc=${PIPESTATUS[0]}
 
 # TTFT with vLLM's random weights: folders hold config.json + tokenizer only; the bench's engine config
 # gets load_format="dummy" (wrapped here, so benches/vllm_ttft.py stays as it is).
@@ -150,5 +219,5 @@ else
   ttft 8b 100 "$SMALL" --n 512 --batch 2 --repeats 1 --dtype float32; ttft8_rc=$?
   ttft70_rc=0
 fi
-echo "tests exit $tests_rc, run exit $run_rc, ttft 8b exit $ttft8_rc, ttft 70b exit $ttft70_rc" | tee -a "$OUT/gpu.txt"
-[ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ] && [ "$ttft8_rc" -eq 0 ] && [ "$ttft70_rc" -eq 0 ]
+echo "tests exit $tests_rc, run exit $run_rc, peer exit $peer_rc, ttft 8b exit $ttft8_rc, ttft 70b exit $ttft70_rc" | tee -a "$OUT/gpu.txt"
+[ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ] && [ "$peer_rc" -eq 0 ] && [ "$ttft8_rc" -eq 0 ] && [ "$ttft70_rc" -eq 0 ]
