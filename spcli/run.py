@@ -82,7 +82,10 @@ def fingerprint_fields(cfg: RunConfig, shards: list[Shard], model_path: str) -> 
     fields["model_path"] = model_path
     fields["dtype"] = cfg.dtype or models.default_dtype(cfg.model)
     fields["speculator"] = cfg.speculator or models.default_speculator(cfg.model)
-    from spcli.engine.load import pick_device
+    from spcli.engine.load import pick_device, scoring_path
+
+    if cfg.select.prunes:  # which path scores the base's tokens: the same ids, or character spans
+        fields["scoring"] = scoring_path(Path(model_path), fields["speculator"])
 
     fields["device_type"] = pick_device(cfg.device).type  # cpu and cuda kernels round bf16 differently
     fields["inputs"] = [{k: v for k, v in s.items() if k != "index"} for s in input_identity(shards)]
@@ -191,7 +194,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
         prog = manifest.shards[s.index]
         prog.total_rows = prog.total_rows if prog.total_rows is not None else count_rows(s)
     rows_total = manifest.totals()["rows_total"]
-    for line in banner_lines(cfg, shards, rows_total, model_path, out):
+    for line in banner_lines(cfg, shards, rows_total, model_path, out, manifest.fingerprint_fields.get("scoring")):
         log.info("%s", line)
     if before["rows"]:
         first = todo[0]
