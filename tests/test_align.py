@@ -30,19 +30,6 @@ def random_offsets(rng: random.Random, length: int, zero_width: float = 0.1) -> 
     return out
 
 
-def shifted(offsets, regions, text_regions):
-    """The pieces of `offsets` in region k moved to where region k sits in another text."""
-    out = []
-    for a, b in offsets:
-        for (lo, hi), (lo2, _) in zip(regions, text_regions):
-            if lo <= a and b <= hi:
-                out.append((a - lo + lo2, b - lo + lo2))
-                break
-        else:
-            out.append((a, b))
-    return out
-
-
 def brute_pairs(base, base_regions, spec, spec_regions) -> set[tuple[int, int]]:
     """Reference: (i, j) when some shared character (region k, position c) is inside both tokens."""
     def chars(span, regions):

@@ -62,6 +62,7 @@ def test_calibrate_measures_a_cross_tokenizer_speculator_in_its_own_tokens(tmp_p
     assert res.exit_code == 0, res.output + repr(res.exception)
     doc = json.loads((out / "results.json").read_text())
     assert doc["num_layers"] == 3 and doc["examples"][0]["num_fact_tokens"] > 0
+    assert doc["scoring"] == CROSS_TOKENIZER
 
 
 def test_calibrate_keep_for_across_tokenizers(tmp_path, tiny_other_dir, tiny_dir, write_jsonl):

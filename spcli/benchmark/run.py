@@ -23,7 +23,7 @@ from spcli.benchmark.config import BenchConfig
 from spcli.benchmark.qps import CostModel, max_qps
 from spcli.benchmark.stages import Timing, as_text, make_prompts, run_full, run_spec
 from spcli.engine import load
-from spcli.engine.load import CROSS_TOKENIZER, SAME_TOKENIZER, ModelStack
+from spcli.engine.load import ModelStack
 from spcli.profiles import resolve
 
 
@@ -82,7 +82,7 @@ def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
     results = []
     for length in cfg.lengths:
         prompts, texts = as_text(m, make_prompts(tokenizer, length, cfg.batch, cfg.seed))
-        extra = {"model": cfg.model, "speculator": spec_name, "scoring": SAME_TOKENIZER if texts is None else CROSS_TOKENIZER,
+        extra = {"model": cfg.model, "speculator": spec_name, "scoring": m.scoring,
                  "score": dataclasses.asdict(score), "dtype": dtype, "device": str(m.device),
                  "threads": torch.get_num_threads()}
         if cfg.model == pair.BASE_NAME and spec_name == pair.SPECULATOR_NAME:

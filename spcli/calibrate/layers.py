@@ -225,7 +225,8 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     costs = np.median(np.array(fractions), axis=0).tolist()  # per layer; monotone like each pass's marks
     choice = recommend(recall, costs, settings, cfg.target)
     results = {
-        "config": cfg.to_dict(), "model_path": str(m.path), "speculator": m.speculator_name, "num_layers": num_layers,
+        "config": cfg.to_dict(), "model_path": str(m.path), "speculator": m.speculator_name, "scoring": m.scoring,
+        "num_layers": num_layers,
         "costs": costs, "settings": [dataclasses.asdict(s) for s in settings], "keeps": list(cfg.keeps),
         "tasks": list(recall), "grid": report.grid(recall, costs, settings, cfg.keeps),
         "choice": dataclasses.asdict(choice),

@@ -268,6 +268,11 @@ class ModelStack:
         return self._speculator_tokens
 
     @property
+    def scoring(self) -> str:
+        """SAME_TOKENIZER or CROSS_TOKENIZER: which path scores the base's tokens."""
+        return SAME_TOKENIZER if self.speculator_tokens is None else CROSS_TOKENIZER
+
+    @property
     def speculator_eos_ids(self) -> set[int]:
         tokens = self.speculator_tokens
         return self.eos_ids if tokens is None else tokens.eos_ids
