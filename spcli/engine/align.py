@@ -15,6 +15,7 @@ Pure functions over character offsets (a fast tokenizer's `offset_mapping`): no 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +60,7 @@ def content_regions(text: str, contents: list[str]) -> list[Span]:
 def shared_spans(offsets: list[Span], regions: list[Span]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each token's characters inside the regions, on the shared axis: (token [Q], start [Q], end [Q]),
     sorted by start. A token covering two regions gives two pieces; one outside every region, none."""
-    spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)  # [n, 2]
+    spans = np.fromiter(itertools.chain.from_iterable(offsets), dtype=np.int64, count=2 * len(offsets)).reshape(-1, 2)  # [n, 2]
     tokens, starts, ends = [], [], []
     shift = 0
     for lo, hi in regions:
@@ -90,9 +91,11 @@ def align(base_offsets: list[Span], base_regions: list[Span], spec_offsets: list
     base_piece = np.repeat(np.arange(bt.size), counts)
     spec_piece = np.repeat(lo, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
     hit = (ss[spec_piece] < be[base_piece]) & (se[spec_piece] > bs[base_piece])
-    pairs = np.unique(np.stack([bt[base_piece[hit]], st[spec_piece[hit]]], axis=1), axis=0).reshape(-1, 2)
-    return Alignment(torch.from_numpy(pairs[:, 0].copy()), torch.from_numpy(pairs[:, 1].copy()),
-                     len(base_offsets), len(spec_offsets))
+    num_spec = len(spec_offsets)
+    keys = np.sort(bt[base_piece[hit]] * max(num_spec, 1) + st[spec_piece[hit]])
+    keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if keys.size else keys  # [P] sorted, no duplicates
+    return Alignment(torch.from_numpy(keys // max(num_spec, 1)), torch.from_numpy(keys % max(num_spec, 1)),
+                     len(base_offsets), num_spec)
 
 
 def carry(importance: torch.Tensor, alignment: Alignment | None) -> torch.Tensor:
