@@ -10,8 +10,10 @@ from spcli.config import RunConfig
 from spcli.io.records import Shard
 
 
-def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, model_path: str, out: Path) -> list[str]:
-    """What this run is about to do, one line per part: inputs, model, speculator, keep, engine, output."""
+def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, model_path: str, out: Path,
+                 scoring: str | None = None) -> list[str]:
+    """What this run is about to do, one line per part: inputs, model, speculator, keep, engine, output.
+    `scoring`: which path scores the base's tokens (spcli.engine.load.scoring_path), when the speculator runs."""
     from spcli.device import pick_device
 
     speculator = cfg.speculator or models.default_speculator(cfg.model)
@@ -24,7 +26,7 @@ def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, mo
     return [
         f"inputs: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {rows}",
         f"model: {model}, {cfg.dtype or models.default_dtype(cfg.model)}",
-        f"speculator: {speculator} ({score})" + (" (not used at keep 1.0)" if not cfg.select.prunes else ""),
+        f"speculator: {speculator}{f', {scoring}' if scoring else ''} ({score})" + (" (not used at keep 1.0)" if not cfg.select.prunes else ""),
         f"keep: {cfg.select.keep} ({select})",
         f"engine: {cfg.engine}, device {pick_device(cfg.device)}{placement(cfg)}, batch size {cfg.batch_size}",
         f"output: {out} ({cfg.output_format})",

@@ -59,7 +59,7 @@ def run(
     inputs: Annotated[list[str], typer.Argument(help="JSONL (.jsonl, .jsonl.gz) or Parquet shards, globs or directories.")],
     out: Annotated[str, typer.Option("--out", "-o", help="Output directory (created; resumed when it exists).")],
     model: Annotated[str, typer.Option(help="Model name (see `spcli models`), local folder or cached HF id.")] = "smollm2-135m",
-    speculator: Annotated[Optional[str], typer.Option(help="Speculator model, or self:K = the base model's first K layers. Default: the model's.")] = None,
+    speculator: Annotated[Optional[str], typer.Option(help="Speculator model (another tokenizer than the base's is scored through character spans, --engine hf), or self:K = the base model's first K layers. Default: the model's.")] = None,
     keep: Annotated[str, typer.Option(metavar="FLOAT|auto", help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill; auto = per prompt, from --keep-mass within --keep-min..--keep-max.")] = "0.1",
     keep_mass: Annotated[float, typer.Option(help="--keep auto: keep the fewest best chunks holding this share of the importance mass.")] = 0.9,
     keep_min: Annotated[float, typer.Option(help="--keep auto: the least fraction of a prompt kept.")] = 0.05,

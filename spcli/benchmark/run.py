@@ -21,7 +21,7 @@ import torch
 from spcli.benchmark import pair
 from spcli.benchmark.config import BenchConfig
 from spcli.benchmark.qps import CostModel, max_qps
-from spcli.benchmark.stages import Timing, make_prompts, run_full, run_spec
+from spcli.benchmark.stages import Timing, as_text, make_prompts, run_full, run_spec
 from spcli.engine import load
 from spcli.engine.load import ModelStack
 from spcli.profiles import resolve
@@ -81,8 +81,9 @@ def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
     torch.manual_seed(cfg.seed)
     results = []
     for length in cfg.lengths:
-        prompts = make_prompts(tokenizer, length, cfg.batch, cfg.seed)
-        extra = {"model": cfg.model, "speculator": spec_name, "score": dataclasses.asdict(score), "dtype": dtype, "device": str(m.device),
+        prompts, texts = as_text(m, make_prompts(tokenizer, length, cfg.batch, cfg.seed))
+        extra = {"model": cfg.model, "speculator": spec_name, "scoring": m.scoring,
+                 "score": dataclasses.asdict(score), "dtype": dtype, "device": str(m.device),
                  "threads": torch.get_num_threads()}
         if cfg.model == pair.BASE_NAME and spec_name == pair.SPECULATOR_NAME:
             extra["flop_ratio_pair"], extra["flop_ratio_8b_405b"] = pair.pair_ratio(length)
@@ -90,7 +91,7 @@ def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
         spec: dict[float, list[Timing]] = {k: [] for k in cfg.keeps}
         for rep in range(cfg.warmup + cfg.repeats):
             f = run_full(m, prompts, cfg.max_tokens)
-            s = {k: run_spec(m, prompts, k, cfg.select, score, cfg.max_tokens) for k in cfg.keeps}
+            s = {k: run_spec(m, prompts, k, cfg.select, score, cfg.max_tokens, texts) for k in cfg.keeps}
             if rep >= cfg.warmup:
                 full.append(f)
                 for k in cfg.keeps:

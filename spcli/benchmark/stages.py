@@ -18,6 +18,8 @@ from spcli.engine import hf_pass
 from spcli.engine.load import ModelStack
 from spcli.engine.prepare import prune
 from spcli.engine.request import PrunedRequest
+from spcli.engine.tokenize import cross_tokenize
+from spcli.io.records import Record
 
 
 @dataclass
@@ -50,6 +52,21 @@ def make_prompts(tokenizer, length: int, batch: int, seed: int) -> list[list[int
     return [ids[s : s + length] for s in (rng.randrange(len(ids) - length) for _ in range(batch))]
 
 
+def as_text(m: ModelStack, prompts: list[list[int]]) -> tuple[list[list[int]], list[str] | None]:
+    """A speculator of another tokenizer reads text: the prompts decoded, and their base ids re-read from
+    that text (what both the full and the spcli runs prefill); the prompts as they are otherwise."""
+    if m.speculator_tokens is None:
+        return prompts, None
+    texts = [m.tokenizer.decode(p, skip_special_tokens=True) for p in prompts]
+    return [_cross(m, t, 1 << 30)[0] for t in texts], texts
+
+
+def _cross(m: ModelStack, text: str, max_prompt_tokens: int):
+    spec = m.speculator_tokens
+    return cross_tokenize(Record(0, 0, "bench", prompt=text), m.tokenizer, spec.tokenizer, max_prompt_tokens, "error",
+                          speculator_max_positions=spec.max_positions)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -72,10 +89,16 @@ def run_full(m: ModelStack, prompts: list[list[int]], max_tokens: int) -> Timing
 
 
 def run_spec(m: ModelStack, prompts: list[list[int]], keep: float, select: SelectConfig, score: ScoreConfig,
-             max_tokens: int) -> Timing:
+             max_tokens: int, texts: list[str] | None = None) -> Timing:
+    """`texts`: the prompts' text (`as_text`) for a speculator of another tokenizer, which reads them in its
+    own tokens; that tokenization and the alignment are timed with the rest."""
     _sync(m.device)
     t0 = time.perf_counter()
-    requests = prune(_requests(prompts, keep, max_tokens), select, score, m)
+    requests = _requests(prompts, keep, max_tokens)
+    for r, text in zip(requests, texts or []):
+        base_ids, r.speculator_ids, r.alignment = _cross(m, text, len(r.token_ids))
+        assert base_ids == r.token_ids, "as_text made these ids from this text"
+    requests = prune(requests, select, score, m)
     assert all(isinstance(r, PrunedRequest) for r in requests), requests
     gens = _generate(m, requests)
     ttft = time.perf_counter() - t0 - gens[0].decode_s

@@ -108,7 +108,7 @@ def kept_for(req: PrunedRequest, select: SelectConfig, policy: float | str) -> t
     if policy == FULL or not is_pruned(n, select, policy):
         return torch.arange(n)
     assert req.importance is not None, "prepare ran at the smallest keep, so every pruned prompt has importance"
-    return select_tokens(req.importance, select, policy)
+    return select_tokens(req.importance, select, policy, req.forced)
 
 
 def generate_all(stack, requests: list[PrunedRequest], batch_size: int) -> list[Generation]:

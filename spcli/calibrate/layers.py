@@ -154,9 +154,9 @@ def build_examples(cfg: CalibrateConfig, tokenizer, max_positions: int, log) -> 
     return task_examples(cfg.tasks, cfg.lengths, cfg.samples, cfg.seed, tokenizer, max_positions, log)
 
 
-def _tokens(m: ModelStack, example: Example) -> list[int]:
+def _tokens(tokenizer, max_positions: int, example: Example) -> list[int]:
     record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
-    return tokenize(record, m.tokenizer, m.max_positions - GENERATION_ROOM, "error")
+    return tokenize(record, tokenizer, max_positions - GENERATION_ROOM, "error")
 
 
 def _paper_recall(m: ModelStack, ids, spans, cfg: CalibrateConfig) -> tuple[list[float], float]:
@@ -164,7 +164,7 @@ def _paper_recall(m: ModelStack, ids, spans, cfg: CalibrateConfig) -> tuple[list
     wall time."""
     score = ScoreConfig(**PAPER_SCORE)
     t0 = time.perf_counter()
-    spec = speculate(m.speculator, ids, score, m.eos_ids, m.device)
+    spec = speculate(m.speculator, ids, score, m.speculator_eos_ids, m.device)
     wall = time.perf_counter() - t0
     select = dataclasses.replace(cfg.select, chunk=PAPER_CHUNK)
     recall = [covered(select_tokens(spec.importance, select, keep), spans) for keep in cfg.keeps]
@@ -183,7 +183,10 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     defaults, _ = profiles.score_defaults(cfg.model, m.path, m.speculator_name)  # unset pools and chunks: the model's
     cfg = dataclasses.replace(cfg, pools=cfg.pools or (defaults["pool"],), chunks=cfg.chunks or (defaults["chunk"],))
     settings = settings_of(cfg.windows, cfg.pools, cfg.chunks)
-    examples = build_examples(cfg, m.tokenizer, m.max_positions, log)
+    # the speculator's layers are measured in its own tokens (another tokenizer than the base's: its own)
+    own = m.speculator_tokens
+    tokenizer, max_positions = (m.tokenizer, m.max_positions) if own is None else (own.tokenizer, own.max_positions)
+    examples = build_examples(cfg, tokenizer, max_positions, log)
     log(f"calibrate: {len(examples)} prompts, speculator {m.speculator_name} ({num_layers} layers), windows "
         f"{', '.join(map(str, cfg.windows))}, pools {', '.join(map(str, cfg.pools))}, chunks {', '.join(map(str, cfg.chunks))}, keep {', '.join(map(str, cfg.keeps))}, device {m.device}")
     per_task: dict[str, list[np.ndarray]] = {t: [] for t in cfg.tasks}
@@ -192,8 +195,8 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     t_loop = time.perf_counter()
     for i, ex in enumerate(examples):
         t0 = time.perf_counter()
-        ids = _tokens(m, ex)
-        spans = needle_spans(m.tokenizer, ex, ids)
+        ids = _tokens(tokenizer, max_positions, ex)
+        spans = needle_spans(tokenizer, ex, ids)
         cap = QueryCapture(range(num_layers), cfg.max_window, keep_keys=True)
         marks, forward_s = timed_pass(model, ids, cap, m.device)
         fractions.append(marks)
@@ -222,7 +225,8 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     costs = np.median(np.array(fractions), axis=0).tolist()  # per layer; monotone like each pass's marks
     choice = recommend(recall, costs, settings, cfg.target)
     results = {
-        "config": cfg.to_dict(), "model_path": str(m.path), "speculator": m.speculator_name, "num_layers": num_layers,
+        "config": cfg.to_dict(), "model_path": str(m.path), "speculator": m.speculator_name, "scoring": m.scoring,
+        "num_layers": num_layers,
         "costs": costs, "settings": [dataclasses.asdict(s) for s in settings], "keeps": list(cfg.keeps),
         "tasks": list(recall), "grid": report.grid(recall, costs, settings, cfg.keeps),
         "choice": dataclasses.asdict(choice),

@@ -119,13 +119,47 @@ def eos_token_ids(model: nn.Module, tokenizer) -> set[int]:
     return ids
 
 
-def check_same_vocabulary(base_tok, spec_tok, base_name: str, spec_name: str) -> None:
-    """A speculator must tokenize exactly like the base: same vocabulary, same ids."""
-    if base_tok.get_vocab() != spec_tok.get_vocab():
+def same_vocabulary(base_tok, spec_tok) -> bool:
+    """Whether a speculator tokenizes exactly like the base (same vocabulary, same ids): the switch between
+    the exact index path and cross-tokenizer scoring (spcli.engine.align)."""
+    return base_tok.get_vocab() == spec_tok.get_vocab()
+
+
+SAME_TOKENIZER = "same tokenizer"
+CROSS_TOKENIZER = "cross-tokenizer (character spans)"
+
+
+@dataclass
+class SpeculatorTokens:
+    """A speculator with its own tokenizer: what reading a prompt in its tokens needs."""
+
+    tokenizer: object  # a fast tokenizer (offset mappings)
+    eos_ids: set[int]  # where its look-ahead stops
+    max_positions: int  # its max_position_embeddings
+
+
+def speculator_tokens(base_tokenizer, speculator: str) -> SpeculatorTokens | None:
+    """The speculator's own tokens where its vocabulary differs from the base's; None where it reads the
+    base's ids (self, self:K, or the same vocabulary)."""
+    if parse_self(speculator) is not None:
+        return None
+    path = models.locate(speculator)
+    tokenizer = load_tokenizer(path)
+    if same_vocabulary(base_tokenizer, tokenizer):
+        return None
+    if not getattr(tokenizer, "is_fast", False) or not getattr(base_tokenizer, "is_fast", False):
         raise ConfigError(
-            f"speculator {spec_name!r} does not share the tokenizer of {base_name!r} "
-            f"(vocabularies differ: {len(spec_tok)} vs {len(base_tok)} tokens); use a model of the same family or self:K"
+            f"speculator {speculator!r} has another tokenizer than the base; scoring across tokenizers needs fast "
+            "tokenizers (tokenizer.json, for character offsets) on both sides; use a speculator of the same "
+            "tokenizer or self:K"
         )
+    return SpeculatorTokens(tokenizer, eos_ids_of(path, tokenizer),
+                            int(getattr(read_config(path), "max_position_embeddings", None) or 1 << 30))
+
+
+def scoring_path(base_path: Path, speculator: str) -> str:
+    """Which path scores the base's tokens: SAME_TOKENIZER or CROSS_TOKENIZER (reads tokenizers only)."""
+    return SAME_TOKENIZER if speculator_tokens(load_tokenizer(base_path), speculator) is None else CROSS_TOKENIZER
 
 
 def parse_self(speculator: str) -> int | None:
@@ -187,6 +221,8 @@ class ModelStack:
     base: nn.Module | None = None  # a *ForCausalLM in eval mode, attention "spcli"
     speculator_layers: int | None = None  # without base weights: the first layers a self speculator reads
     _speculator: nn.Module | None = None
+    _speculator_tokens: SpeculatorTokens | None = None
+    _is_tokens_checked: bool = False
     # where the speculator runs elsewhere (vLLM's workers): (prompts, score, on_stage, should_stop) -> one
     # Speculation or RecordError per prompt, as prepare.speculate_prompts returns
     speculate_remote: Callable | None = None
@@ -212,6 +248,24 @@ class ModelStack:
             self._speculator = self._load_speculator()
         return self._speculator
 
+    @property
+    def speculator_tokens(self) -> SpeculatorTokens | None:
+        """The speculator's own tokenizer where it differs from the base's (read once); None: the same ids."""
+        if not self._is_tokens_checked:
+            self._speculator_tokens = speculator_tokens(self.tokenizer, self.speculator_name)
+            self._is_tokens_checked = True
+        return self._speculator_tokens
+
+    @property
+    def scoring(self) -> str:
+        """SAME_TOKENIZER or CROSS_TOKENIZER: which path scores the base's tokens."""
+        return SAME_TOKENIZER if self.speculator_tokens is None else CROSS_TOKENIZER
+
+    @property
+    def speculator_eos_ids(self) -> set[int]:
+        tokens = self.speculator_tokens
+        return self.eos_ids if tokens is None else tokens.eos_ids
+
     def _load_speculator(self) -> nn.Module:
         k = parse_self(self.speculator_name)
         if k is not None and self.base is not None:
@@ -220,9 +274,9 @@ class ModelStack:
         return self.speculator_source().load(self.device)
 
     def speculator_source(self):
-        """What a speculator loads where the base's weights are not here (vLLM holds them): a model folder of
-        the same tokenizer, or only the base's first `speculator_layers` layers (`self`/`self:K`). Checked
-        here, so a worker replica loads what the driver would."""
+        """What a speculator loads where the base's weights are not here (vLLM holds them): a model folder
+        (of any tokenizer: prepare aligns), or only the base's first `speculator_layers` layers
+        (`self`/`self:K`). Checked here, so a worker replica loads what the driver would."""
         from spcli.engine.replica import SpeculatorSource
 
         k = parse_self(self.speculator_name)
@@ -230,9 +284,7 @@ class ModelStack:
         if k is not None:
             assert self.speculator_layers, "set speculator_layers where the base has no weights here"
             return SpeculatorSource(str(self.path), self.dtype, self.speculator_layers, total=k or None)
-        path = models.locate(self.speculator_name)
-        check_same_vocabulary(self.tokenizer, load_tokenizer(path), self.name, self.speculator_name)
-        return SpeculatorSource(str(path), self.dtype)
+        return SpeculatorSource(str(models.locate(self.speculator_name)), self.dtype)  # any tokenizer (prepare aligns)
 
 
 def load_stack(model: str, speculator: str | None = None, dtype: str | None = None, device: str = "auto",

@@ -10,13 +10,14 @@ import time
 
 import torch
 
-from spcli.config import RunConfig, ScoreConfig, SelectConfig
+from spcli.config import AUTO, RunConfig, ScoreConfig, SelectConfig
 from spcli.device import free_memory
+from spcli.engine.align import carry
 from spcli.engine.load import ModelStack
 from spcli.engine.request import PrunedRequest
 from spcli.engine.select import is_pruned, select_tokens
 from spcli.engine.speculate import Speculation, speculate_batch
-from spcli.engine.tokenize import tokenize
+from spcli.engine.tokenize import cross_tokenize, tokenize
 from spcli.errors import RecordError
 from spcli.io.records import Record
 from spcli.stop import StopAtSafePoint
@@ -30,13 +31,19 @@ def row_seed(seed: int, row_id: str) -> int:
 def request_for(rec: Record, cfg: RunConfig, stack: ModelStack) -> PrunedRequest:
     """Tokenize one record into an unpruned request (all tokens kept); a bad record raises RecordError."""
     max_tokens = rec.max_tokens or cfg.generate.max_tokens
-    ids = tokenize(rec, stack.tokenizer, stack.max_prompt_tokens(max_tokens), cfg.truncate,
-                   stack.prompt_limit(max_tokens))
+    keep = rec.keep if rec.keep is not None else cfg.select.keep
+    limits = (stack.max_prompt_tokens(max_tokens), cfg.truncate, stack.prompt_limit(max_tokens))
+    spec = stack.speculator_tokens if keep == AUTO or keep < 1.0 else None  # never read at keep 1.0
+    spec_ids = alignment = None
+    if spec is None:
+        ids = tokenize(rec, stack.tokenizer, *limits)
+    else:  # the speculator has another tokenizer: it reads the same text in its own tokens
+        ids, spec_ids, alignment = cross_tokenize(rec, stack.tokenizer, spec.tokenizer, *limits, spec.max_positions)
     temperature = rec.temperature if rec.temperature is not None else cfg.generate.temperature
     return PrunedRequest(
         record_id=rec.id, token_ids=ids, kept=torch.arange(len(ids)), max_tokens=max_tokens,
-        temperature=temperature, seed=row_seed(cfg.generate.seed, rec.id),
-        keep=rec.keep if rec.keep is not None else cfg.select.keep, num_logprobs=cfg.generate.logprobs,
+        temperature=temperature, seed=row_seed(cfg.generate.seed, rec.id), keep=keep,
+        num_logprobs=cfg.generate.logprobs, speculator_ids=spec_ids, alignment=alignment,
     )
 
 
@@ -87,19 +94,20 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
     todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)]
     if not todo:
         return out
-    prompts = [requests[i].token_ids for i in todo]
+    prompts = [requests[i].speculator_token_ids for i in todo]  # the speculator's own tokens (cross-tokenizer)
     if stack.speculate_remote is not None:
         specs = stack.speculate_remote(prompts, score, on_stage, should_stop)
     else:
-        specs = speculate_prompts(stack.speculator, prompts, score, stack.eos_ids, stack.device, on_stage, should_stop)
+        specs = speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device,
+                                  on_stage, should_stop)
     for i, spec in zip(todo, specs, strict=True):
         req = requests[i]
         if isinstance(spec, RecordError):
             out[i] = spec
             continue
         t0 = time.perf_counter()
-        req.importance = spec.importance
-        req.kept = select_tokens(spec.importance, select, req.keep)
+        req.importance = carry(spec.importance, req.alignment)  # [n]: the base's tokens (as is: same tokenizer)
+        req.kept = select_tokens(req.importance, select, req.keep, req.forced)
         req.speculate_s = spec.speculate_s + time.perf_counter() - t0
     return out
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from spcli.engine.align import Alignment
+
 
 @dataclass
 class PrunedRequest:
@@ -26,6 +28,18 @@ class PrunedRequest:
     keep: float | str = 1.0  # the keep rate asked for this record: a fraction, or "auto"
     speculate_s: float = 0.0  # speculator forward + scoring + selection for this prompt; 0 when not pruned
     importance: torch.Tensor | None = None  # [n] float32, when the speculator ran
+    speculator_ids: list[int] | None = None  # [n_spec] the prompt in a speculator's own tokenizer (cross-tokenizer)
+    alignment: Alignment | None = None  # speculator tokens -> base tokens, with speculator_ids
+
+    @property
+    def speculator_token_ids(self) -> list[int]:
+        """What the speculator reads: its own tokens, or the base's where they share the tokenizer."""
+        return self.token_ids if self.speculator_ids is None else self.speculator_ids
+
+    @property
+    def forced(self) -> torch.Tensor | None:
+        """[n] bool: base tokens no speculator token covers (cross-tokenizer), kept whatever the budget."""
+        return None if self.alignment is None else self.alignment.forced
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -17,9 +17,10 @@ def budget(n: int, keep: float) -> int:
     return min(n, math.ceil(round(keep * n, 9)))
 
 
-def forced_mask(n: int, cfg: SelectConfig) -> torch.Tensor:
-    """[n] bool: the first keep_first and last keep_last tokens, always kept."""
-    mask = torch.zeros(n, dtype=torch.bool)
+def forced_mask(n: int, cfg: SelectConfig, forced: torch.Tensor | None = None) -> torch.Tensor:
+    """[n] bool: the first keep_first and last keep_last tokens, and `forced` ([n] bool: tokens the
+    speculator has no score for, cross-tokenizer), always kept."""
+    mask = torch.zeros(n, dtype=torch.bool) if forced is None else forced.clone()
     mask[: cfg.keep_first] = True
     if cfg.keep_last > 0:
         mask[max(0, n - cfg.keep_last) :] = True
@@ -51,7 +52,7 @@ def chunk_scores(importance: torch.Tensor, chunk: int) -> torch.Tensor:
 MASS_TOLERANCE = 1e-9  # a share that reaches keep_mass up to float rounding counts as reached
 
 
-def auto_budget(importance: torch.Tensor, cfg: SelectConfig) -> int:
+def auto_budget(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tensor | None = None) -> int:
     """keep = auto: the tokens kept for this prompt (DESIGN.md step 8).
 
     Over the tokens that are not forced, chunk c's mass is the sum of their importance; chunks ranked by
@@ -62,7 +63,7 @@ def auto_budget(importance: torch.Tensor, cfg: SelectConfig) -> int:
     """
     assert cfg.chunk is not None, "resolve the selection chunk first (spcli.profiles.resolve)"
     n = importance.shape[0]
-    forced = forced_mask(n, cfg)
+    forced = forced_mask(n, cfg, forced)
     free = (~forced).double()  # [n]
     scores = importance.double().clamp(min=0.0) * free
     num_chunks = math.ceil(n / cfg.chunk)
@@ -80,22 +81,23 @@ def auto_budget(importance: torch.Tensor, cfg: SelectConfig) -> int:
     return max(lo, min(hi, wanted))
 
 
-def select_tokens(importance: torch.Tensor, cfg: SelectConfig, keep: float | str | None = None) -> torch.Tensor:
+def select_tokens(importance: torch.Tensor, cfg: SelectConfig, keep: float | str | None = None,
+                  forced: torch.Tensor | None = None) -> torch.Tensor:
     """Kept token indices, ascending int64 [m].
 
     importance: [n] float. Chunks of cfg.chunk tokens are ranked by mean importance (ties: the
     earlier chunk first). The forced tokens count towards the budget: ceil(keep * n), or
     `auto_budget` at keep = auto; the best chunks fill the rest; the last chunk taken is cut to its
     most important tokens so that exactly the budget is kept. If the forced tokens alone exceed the
-    budget, only they are kept.
+    budget, only they are kept. `forced`: [n] bool, more tokens to force (see forced_mask).
     """
     assert cfg.chunk is not None, "resolve the selection chunk first (spcli.profiles.resolve)"
     keep = cfg.keep if keep is None else keep
     n = importance.shape[0]
     if not is_pruned(n, cfg, keep):
         return torch.arange(n, dtype=torch.int64)
-    kept = forced_mask(n, cfg)
-    num_budget = auto_budget(importance, cfg) if keep == AUTO else budget(n, keep)
+    kept = forced_mask(n, cfg, forced)
+    num_budget = auto_budget(importance, cfg, forced) if keep == AUTO else budget(n, keep)
     remaining = num_budget - int(kept.sum())
     if remaining <= 0:
         return kept.nonzero().flatten()

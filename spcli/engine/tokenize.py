@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from spcli.errors import RecordError
 from spcli.io.records import Record
+
+
+@dataclass
+class Encoded:
+    """A record's prompt as one tokenizer reads it, with where each token's characters are."""
+
+    text: str  # the prompt, or the messages rendered with the tokenizer's chat template
+    ids: list[int]  # [n]
+    offsets: list[tuple[int, int]]  # [n] each token's [start, end) characters in text; (a, a): none
+    regions: list[tuple[int, int]]  # characters any tokenizer reads the same: the prompt, or each message's content
 
 
 def tokenize(record: Record, tokenizer, max_prompt_tokens: int, truncate: str, limit: str = "") -> list[int]:
@@ -14,8 +26,7 @@ def tokenize(record: Record, tokenizer, max_prompt_tokens: int, truncate: str, l
     (keep its start and end, drop the middle).
     """
     if record.messages is not None:
-        if tokenizer.chat_template is None:
-            raise RecordError("record has 'messages' but the model has no chat template; give 'prompt' text instead")
+        check_chat_template(tokenizer)
         try:
             ids = tokenizer.apply_chat_template(record.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         except Exception as e:  # jinja errors from the model's template
@@ -25,17 +36,73 @@ def tokenize(record: Record, tokenizer, max_prompt_tokens: int, truncate: str, l
     else:
         ids = tokenizer(record.prompt, add_special_tokens=True)["input_ids"]
     ids = [int(i) for i in ids]
+    return [ids[i] for i in kept_positions(len(ids), max_prompt_tokens, truncate, limit)]
+
+
+def kept_positions(n: int, max_prompt_tokens: int, truncate: str, limit: str = "") -> range | list[int]:
+    """The token positions a prompt of n tokens keeps under `truncate` (all n when it fits)."""
+    if n == 0:
+        raise RecordError("prompt tokenizes to nothing")
+    if n <= max_prompt_tokens:
+        return range(n)
+    if truncate == "error":
+        raise RecordError(
+            f"prompt has {n} tokens, more than the {max_prompt_tokens} allowed"
+            + (f" ({limit})" if limit else "") + "; use --truncate left|middle to cut it"
+        )
+    if truncate == "left":
+        return range(n - max_prompt_tokens, n)
+    head = max_prompt_tokens // 2
+    return [*range(head), *range(n - (max_prompt_tokens - head), n)]
+
+
+def check_chat_template(tokenizer) -> None:
+    if tokenizer.chat_template is None:
+        raise RecordError("record has 'messages' but the model has no chat template; give 'prompt' text instead")
+
+
+def encode(record: Record, tokenizer) -> Encoded:
+    """The whole prompt with character offsets (a fast tokenizer's offset mapping); the same ids as
+    `tokenize` before truncation."""
+    from spcli.engine.align import AlignmentError, content_regions
+
+    if record.messages is not None:
+        check_chat_template(tokenizer)
+        try:
+            text = tokenizer.apply_chat_template(record.messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # jinja errors from the model's template
+            raise RecordError(f"the chat template rejected 'messages': {e}") from e
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        try:
+            regions = content_regions(text, [m["content"] for m in record.messages])
+        except AlignmentError as e:
+            raise RecordError(f"cannot match the two tokenizers' characters: {e}") from e
+    else:
+        text = record.prompt
+        enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+        regions = [(0, len(text))]
+    ids = [int(i) for i in enc["input_ids"]]
     if not ids:
         raise RecordError("prompt tokenizes to nothing")
-    if len(ids) > max_prompt_tokens:
-        if truncate == "error":
-            raise RecordError(
-                f"prompt has {len(ids)} tokens, more than the {max_prompt_tokens} allowed"
-                + (f" ({limit})" if limit else "") + "; use --truncate left|middle to cut it"
-            )
-        if truncate == "left":
-            ids = ids[len(ids) - max_prompt_tokens :]
-        else:
-            head = max_prompt_tokens // 2
-            ids = ids[:head] + ids[len(ids) - (max_prompt_tokens - head) :]
-    return ids
+    return Encoded(text, ids, [(int(a), int(b)) for a, b in enc["offset_mapping"]], regions)
+
+
+def cross_tokenize(record: Record, tokenizer, speculator_tokenizer, max_prompt_tokens: int, truncate: str,
+                   limit: str = "", speculator_max_positions: int = 1 << 30):
+    """Base ids, speculator ids and their Alignment (spcli.engine.align) for a speculator of another
+    tokenizer: each reads the same text (a raw prompt as is, the messages in its own chat template).
+    Truncation cuts the base's tokens as `tokenize` does; the speculator drops what only they covered."""
+    from spcli.engine.align import align, restrict
+
+    base, spec = encode(record, tokenizer), encode(record, speculator_tokenizer)
+    alignment = align(base.offsets, base.regions, spec.offsets, spec.regions)
+    kept = kept_positions(len(base.ids), max_prompt_tokens, truncate, limit)
+    spec_ids = spec.ids
+    if len(kept) < len(base.ids):
+        spec_kept, alignment = restrict(alignment, list(kept))
+        spec_ids = [spec.ids[j] for j in spec_kept]
+    if len(spec_ids) > speculator_max_positions:
+        raise RecordError(f"the prompt is {len(spec_ids)} tokens in the speculator's tokenizer, more than its "
+                          f"max_position_embeddings {speculator_max_positions}; use --truncate left|middle with a "
+                          "lower limit, or another speculator")
+    return [base.ids[i] for i in kept], spec_ids, alignment

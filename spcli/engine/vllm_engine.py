@@ -4,7 +4,7 @@ Same contract as `HFEngine` (`stack`, `check`, `generate(requests) -> Generation
 the base model runs in vLLM 0.32 through `VllmRunner` (kept tokens at their original positions,
 vllm_pass.py). What is supported:
 
-- Speculator: a separate model of the same tokenizer, or `self`/`self:K` with early exit (no
+- Speculator: a separate model (of the base's tokenizer or another: prepare aligns in the driver), or `self`/`self:K` with early exit (no
   look-ahead): vLLM holds the base weights in its own format, so only the tensors of the layers the
   speculator runs (up to the last scored one) and the embeddings are read from the base's checkpoint
   into transformers (counted in the memory plan); an FP8 checkpoint is refused. With look-ahead `self`
@@ -83,7 +83,7 @@ class VllmEngine:
         self.runner = runner if runner is not None else self._start_runner(platform)
         self.stack.max_positions = self.runner.max_positions
         if self.placement == "workers" and self.source is not None:
-            self.stack.speculate_remote = WorkerSpeculator(self.runner.llm, self.source, self.stack.eos_ids)
+            self.stack.speculate_remote = WorkerSpeculator(self.runner.llm, self.source, self.stack.speculator_eos_ids)
 
     def _start_runner(self, current_platform):
         from spcli.engine.vllm_pass import VllmRunner, VllmRunnerConfig

@@ -20,10 +20,10 @@ import torch
 from spcli.engine import hf_pass, load
 from spcli.engine.load import ModelStack
 from spcli.engine.request import Generation, PrunedRequest
-from spcli.engine.tokenize import tokenize
+from spcli.engine.tokenize import cross_tokenize, tokenize
 from spcli.evaluate import metrics
 from spcli.evaluate.config import EvalConfig, policy_order, policy_select
-from spcli.evaluate.selectors import USES_SPECULATOR, Signals, random_seed, select, speculator_signals
+from spcli.evaluate.selectors import USES_SPECULATOR, Signals, carried, random_seed, select, speculator_signals
 from spcli.evaluate.tasks import Example
 from spcli.io.records import Record
 from spcli.profiles import resolve
@@ -85,13 +85,21 @@ def prompt_ids(m: ModelStack, example: Example, cfg: EvalConfig) -> tuple[list[i
     return tokenize(record, m.tokenizer, m.max_positions - max_tokens, "error"), max_tokens
 
 
-def example_signals(m: ModelStack, ids: list[int], cfg: EvalConfig) -> Signals | None:
-    """The example's one speculator pass, when a selector and a keep rate need it (cfg.score resolved)."""
-    if any(s in USES_SPECULATOR for s in cfg.selectors) and cfg.pruned_keeps and len(ids) >= cfg.select.min_tokens:
-        return speculator_signals(m.speculator, ids, cfg.score, m.eos_ids, m.device,
-                                  with_surprisal="self-information" in cfg.selectors,
-                                  with_paper="specprefill-paper" in cfg.selectors)
-    return None
+def example_signals(m: ModelStack, example: Example, ids: list[int], cfg: EvalConfig) -> Signals | None:
+    """The example's one speculator pass, when a selector and a keep rate need it (cfg.score resolved). A
+    speculator of another tokenizer reads the example in its own tokens; its signals are carried to `ids`."""
+    if not (any(s in USES_SPECULATOR for s in cfg.selectors) and cfg.pruned_keeps and len(ids) >= cfg.select.min_tokens):
+        return None
+    spec_ids, alignment = ids, None
+    if (spec := m.speculator_tokens) is not None:
+        record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
+        base_ids, spec_ids, alignment = cross_tokenize(record, m.tokenizer, spec.tokenizer, len(ids), "error",
+                                                       speculator_max_positions=spec.max_positions)
+        assert base_ids == ids, "prompt_ids and cross_tokenize read the example alike"
+    signals = speculator_signals(m.speculator, spec_ids, cfg.score, m.speculator_eos_ids, m.device,
+                                 with_surprisal="self-information" in cfg.selectors,
+                                 with_paper="specprefill-paper" in cfg.selectors)
+    return carried(signals, alignment)
 
 
 def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: Signals | None = None) -> ExampleResult:
@@ -112,7 +120,7 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
                             {"ttft_s": ref.prefill_s, "prefill_s": ref.prefill_s, "selector_s": 0.0, "select_s": 0.0}))
 
     if signals is None:
-        signals = example_signals(m, ids, cfg)
+        signals = example_signals(m, example, ids, cfg)
     own_cost = {s: 0.0 for s in cfg.selectors}
     if signals is not None:
         own_cost["specprefill"] = signals.speculate_s

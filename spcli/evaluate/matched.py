@@ -27,7 +27,7 @@ def matched_keeps(m, examples, cfg: EvalConfig, log=print) -> tuple[dict[str, fl
     fractions: dict[str, list[float]] = {k: [] for k in cfg.keeps if is_auto(k)}
     for i, ex in enumerate(examples):
         ids, _ = prompt_ids(m, ex, cfg)
-        signals[ex.id] = example_signals(m, ids, cfg)
+        signals[ex.id] = example_signals(m, ex, ids, cfg)
         for policy, values in fractions.items():
             select_cfg, rate = policy_select(cfg.select, policy)
             kept = select(SELECTOR, len(ids), signals[ex.id], select_cfg, rate, random_seed(cfg.seed, ex.id))

@@ -47,8 +47,9 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     m = load_models(cfg)
     cfg = resolve(cfg, cfg.model, m.path, m.speculator_name)
     examples = build_examples(cfg, m.tokenizer, m.max_positions, log)
+    scoring = m.scoring if cfg.pruned_keeps else None  # keep 1.0 alone never reads the speculator
     log(f"eval: {len(examples)} examples, selectors {', '.join(cfg.selectors)}, keep {', '.join(map(str, cfg.keeps))}, "
-        f"speculator {m.speculator_name} ({score_label(cfg.score)}), device {m.device}")
+        f"speculator {m.speculator_name}{f', {scoring}' if scoring else ''} ({score_label(cfg.score)}), device {m.device}")
     matched, signals = {}, {}
     if cfg.match_auto and any(is_auto(k) for k in cfg.keeps):
         matched, signals = matched_keeps(m, examples, cfg, log)
@@ -66,7 +67,8 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
             f"full says {full['output']!r}; ETA {eta:.0f} s")
     summary = summarize(rows, overlaps, cfg.bootstrap, cfg.seed)
     results = {
-        "config": cfg.to_dict(), "speculator": m.speculator_name, "score": dataclasses.asdict(cfg.score), "environment": env_start,
+        "config": cfg.to_dict(), "speculator": m.speculator_name, "scoring": scoring, "score": dataclasses.asdict(cfg.score),
+        "environment": env_start,
         "load_average_end": os.getloadavg(), "wall_s": time.perf_counter() - t_start,
         "summary": summary, "matched_keeps": matched, "matched": compare_matched(rows, matched, cfg.bootstrap, cfg.seed),
         "rows": rows, "overlaps": overlaps,

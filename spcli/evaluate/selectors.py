@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig
+from spcli.engine.align import Alignment, carry
 from spcli.engine.select import is_pruned, select_tokens
 from spcli.engine.speculate import speculate
 from spcli.errors import ConfigError
@@ -44,6 +45,18 @@ class Signals:
     surprisal_s: float  # LM head over every prompt position + log-softmax (+ the full forward after an early exit)
     paper_importance: torch.Tensor | None = None  # [n] float32 with the paper's recipe, when asked
     paper_s: float = 0.0  # its speculator pass + scoring
+    forced: torch.Tensor | None = None  # [n] bool: tokens a speculator of another tokenizer has no score for
+
+
+def carried(signals: Signals, alignment: Alignment | None) -> Signals:
+    """A speculator's signals over its own tokens carried to the base's (spcli.engine.align); as they are
+    without an alignment (same tokenizer)."""
+    if alignment is None:
+        return signals
+    paper = None if signals.paper_importance is None else carry(signals.paper_importance, alignment)
+    return dataclasses.replace(signals, importance=carry(signals.importance, alignment),
+                               surprisal=carry(signals.surprisal, alignment), paper_importance=paper,
+                               forced=alignment.forced)
 
 
 def check_selectors(names: tuple[str, ...]) -> None:
@@ -129,4 +142,5 @@ def select(selector: str, n: int, signals: Signals | None, cfg: SelectConfig, ke
     cfg = config_for(selector, cfg)
     if not is_pruned(n, cfg, keep):
         return torch.arange(n)  # short prompt or keep 1.0: no speculator pass was needed
-    return select_tokens(importance_for(selector, n, signals, cfg, seed), cfg, keep)
+    forced = signals.forced if signals is not None and selector in USES_SPECULATOR else None
+    return select_tokens(importance_for(selector, n, signals, cfg, seed), cfg, keep, forced)
