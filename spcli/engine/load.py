@@ -31,11 +31,12 @@ def load_causal_lm(path: Path, dtype: str, device: torch.device) -> LoadedModel:
     impl = capture.register()
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=TORCH_DTYPES[dtype], attn_implementation=impl, local_files_only=True
+            path, dtype=TORCH_DTYPES[dtype], attn_implementation=impl, local_files_only=True,
+            device_map=str(device),  # the weights go straight to their device, not through the CPU
         )
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load model from {path}: {e}") from e
-    model.to(device).eval()
+    model.eval()
     return LoadedModel(model, path, model.config.num_hidden_layers)
 
 
@@ -65,12 +66,12 @@ def load_prefix(path: Path, num_layers: int, dtype: str, device: torch.device, t
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, num_hidden_layers=num_layers, dtype=TORCH_DTYPES[dtype], attn_implementation=capture.register(),
-            local_files_only=True,
+            local_files_only=True, device_map=str(device),
         )
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load the first {num_layers} layers of {path}: {e}") from e
     model.spcli_num_layers = total or config.num_hidden_layers  # what --score-layers' negatives count from
-    return model.to(device).eval()
+    return model.eval()
 
 
 def first_layers(base: nn.Module, num_layers: int) -> nn.Module:
