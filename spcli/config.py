@@ -23,6 +23,7 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+SPECULATOR_CHUNK = 8192  # tokens per speculator prefill call: its activations are one chunk's, not the prompt's
 AUTO = "auto"  # keep = auto: a per-prompt budget from the importance itself (keep_mass, keep_min, keep_max)
 
 

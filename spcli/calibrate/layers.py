@@ -194,7 +194,7 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
         t0 = time.perf_counter()
         ids = _tokens(m, ex)
         spans = needle_spans(m.tokenizer, ex, ids)
-        cap = QueryCapture(range(num_layers), cfg.max_window, keep_keys=True)
+        cap = QueryCapture(range(num_layers), cfg.max_window, len(ids), keep_keys=True)
         marks, forward_s = timed_pass(model, ids, cap, m.device)
         fractions.append(marks)
         queries = cap.queries()[:, 0]  # [L, H, R, D]
