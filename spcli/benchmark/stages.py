@@ -72,10 +72,10 @@ def run_full(m: ModelStack, prompts: list[list[int]], max_tokens: int) -> Timing
 
 
 def run_spec(m: ModelStack, prompts: list[list[int]], keep: float, select: SelectConfig, score: ScoreConfig,
-             max_tokens: int) -> Timing:
+             max_tokens: int, chunk: int) -> Timing:
     _sync(m.device)
     t0 = time.perf_counter()
-    requests = prune(_requests(prompts, keep, max_tokens), select, score, m)
+    requests = prune(_requests(prompts, keep, max_tokens), select, score, m, chunk=chunk)
     assert all(isinstance(r, PrunedRequest) for r in requests), requests
     gens = _generate(m, requests)
     ttft = time.perf_counter() - t0 - gens[0].decode_s

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from spcli.config import RunConfig, ScoreConfig, SelectConfig
+from spcli.config import SPECULATOR_CHUNK, RunConfig, ScoreConfig, SelectConfig
 from spcli.engine.load import ModelStack
 from spcli.engine.request import PrunedRequest
 from spcli.engine.select import is_pruned, select_tokens
@@ -50,7 +50,8 @@ def prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_stage=l
         except RecordError as e:
             out.append(e)
     ready = [i for i, r in enumerate(out) if isinstance(r, PrunedRequest)]
-    for i, r in zip(ready, prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop)):
+    pruned = prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop, cfg.speculator_chunk)
+    for i, r in zip(ready, pruned):
         out[i] = r
     return out
 
@@ -76,13 +77,15 @@ def length_groups(lengths: list[int], max_tokens: int = SPECULATOR_BATCH_TOKENS)
 
 
 def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfig, stack: ModelStack,
-          on_stage=lambda text: None, should_stop=lambda: False) -> list[PrunedRequest | RecordError]:
+          on_stage=lambda text: None, should_stop=lambda: False,
+          chunk: int = SPECULATOR_CHUNK) -> list[PrunedRequest | RecordError]:
     """Speculate and select the requests whose prompts are pruned (in place); the others keep every token.
 
     Pruned prompts of similar length share one speculator pass (their importance is the same as
     alone). The speculator is loaded on first use, so a run at keep 1.0 never loads one. A batch
     that runs out of memory is retried one prompt at a time; a prompt that still does becomes a
-    RecordError. on_stage hears progress; should_stop() is asked between groups (StopAtSafePoint).
+    RecordError. on_stage hears progress; should_stop() is asked between groups (StopAtSafePoint);
+    chunk: tokens per speculator prefill call.
     """
     out: list[PrunedRequest | RecordError] = list(requests)
     todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)]
@@ -93,7 +96,7 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
         on_stage(f"speculating {done + 1}-{done + len(group)} of {len(todo)} prompts")
         done += len(group)
         indices = [todo[g] for g in group]
-        for i, spec in zip(indices, _speculate([requests[i] for i in indices], score, stack)):
+        for i, spec in zip(indices, _speculate([requests[i] for i in indices], score, stack, chunk)):
             req = requests[i]
             if isinstance(spec, RecordError):
                 out[i] = spec
@@ -105,13 +108,14 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
     return out
 
 
-def _speculate(batch: list[PrunedRequest], score: ScoreConfig, stack: ModelStack) -> list:
+def _speculate(batch: list[PrunedRequest], score: ScoreConfig, stack: ModelStack, chunk: int) -> list:
     try:
-        return speculate_batch(stack.speculator, [r.token_ids for r in batch], score, stack.eos_ids, stack.device)
+        return speculate_batch(stack.speculator, [r.token_ids for r in batch], score, stack.eos_ids, stack.device,
+                               chunk=chunk)
     except torch.OutOfMemoryError:
         free_memory()
         if len(batch) > 1:
-            return [s for r in batch for s in _speculate([r], score, stack)]
+            return [s for r in batch for s in _speculate([r], score, stack, chunk)]
         return [RecordError(f"the speculator ran out of memory on {batch[0].num_prompt_tokens} tokens")]
 
 

@@ -137,6 +137,6 @@ def speculate_batch(
 
 
 def speculate(model: nn.Module, input_ids: list[int], cfg: ScoreConfig, eos_ids: set[int],
-              device: torch.device) -> Speculation:
+              device: torch.device, chunk: int = SPECULATOR_CHUNK) -> Speculation:
     """One prompt alone (a batch of one)."""
-    return speculate_batch(model, [input_ids], cfg, eos_ids, device)[0]
+    return speculate_batch(model, [input_ids], cfg, eos_ids, device, chunk=chunk)[0]

@@ -90,7 +90,7 @@ def example_signals(m: ModelStack, ids: list[int], cfg: EvalConfig) -> Signals |
     if any(s in USES_SPECULATOR for s in cfg.selectors) and cfg.pruned_keeps and len(ids) >= cfg.select.min_tokens:
         return speculator_signals(m.speculator, ids, cfg.score, m.eos_ids, m.device,
                                   with_surprisal="self-information" in cfg.selectors,
-                                  with_paper="specprefill-paper" in cfg.selectors)
+                                  with_paper="specprefill-paper" in cfg.selectors, chunk=cfg.speculator_chunk)
     return None
 
 
