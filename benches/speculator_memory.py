@@ -1,14 +1,15 @@
 """Speculator peak memory against prompt length, prefilled in chunks vs in one call, one run.
 
 A random Llama-3.1-8B-shaped speculator at small width (32 layers, 32 heads, 8 KV heads as the 8B;
-head dim 16 instead of 128, hidden 512, MLP 1792; bf16) runs `speculate_batch` on one prompt of n
+head dim 16 instead of 128, hidden 512, MLP 1792; float32 here, --dtype bfloat16 on a GPU-less
+machine with AMX) runs `speculate_batch` on one prompt of n
 tokens with early exit at layer 13 and window 32 (no look-ahead), each (n, chunk) in a fresh
 process. Printed per row:
 
     prefill    the process's peak RSS growth over the loaded model (ru_maxrss) when scoring starts:
                the prefill's worst moment
     KV         the most the DynamicCache held (keys + values of layers 0..13), read from its tensors
-               after every update: n x 2 x 14 x KVH x D x 2 B, which grows with n by design
+               after every update: n x 2 x 14 x KVH x D x dtype bytes, which grows with n by design
     rest       prefill - KV: activations, sdpa's mask and work space, the query rows
     rest/1st   rest over the first row's rest of the same kind (at --chunk / in one call)
     peak       the whole pass's peak RSS growth, scoring included (the torch reference: one layer's
@@ -31,7 +32,7 @@ SHAPE = dict(vocab_size=1024, hidden_size=512, intermediate_size=1792, num_hidde
 SCORE = dict(lookahead=0, window=32, score_layers="13", pool=13, impl="torch")
 
 
-def child(n: int, chunk: int, shape: dict, layer: int) -> dict:
+def child(n: int, chunk: int, shape: dict, layer: int, dtype: str) -> dict:
     import torch
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
@@ -40,7 +41,7 @@ def child(n: int, chunk: int, shape: dict, layer: int) -> dict:
     from spcli.engine import capture
 
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy raises the baseline peak
+    torch.set_default_dtype(getattr(torch, dtype))  # built in its dtype: no fp32 copy raises the baseline peak
     model = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation=capture.register())).eval()
     torch.set_default_dtype(torch.float32)
     kv = {"max": 0}
@@ -69,8 +70,8 @@ def child(n: int, chunk: int, shape: dict, layer: int) -> dict:
             "kv_mib": kv["max"] / 2**20}
 
 
-def run_one(n: int, chunk: int, shape: dict, layer: int) -> dict | str:
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps([n, chunk, shape, layer])],
+def run_one(n: int, chunk: int, shape: dict, layer: int, dtype: str) -> dict | str:
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps([n, chunk, shape, layer, dtype])],
                          capture_output=True, text=True)
     if out.returncode != 0:
         return (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
@@ -86,19 +87,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heads", type=int, default=SHAPE["num_attention_heads"], help="query heads (8B: 32)")
     ap.add_argument("--kv-heads", type=int, default=SHAPE["num_key_value_heads"], help="KV heads (8B: 8)")
     ap.add_argument("--layer", type=int, default=int(SCORE["score_layers"]), help="the scored layer (early exit)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="float32 by default: bf16 matmuls are ~8x slower on CPUs without AMX")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(*json.loads(args.child))))
         return
     shape = {**SHAPE, "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads}
-    print(f"speculator: {shape}; {dict(SCORE, score_layers=str(args.layer))}")
+    print(f"speculator ({args.dtype}): {shape}; {dict(SCORE, score_layers=str(args.layer))}")
     print(f"{'n':>6} {'chunk':>6} {'prefill':>8} {'KV':>7} {'rest':>7} {'rest/1st':>8} {'peak':>7}   (MiB)")
     first: dict[str, float] = {}
     for n in map(int, args.lengths.split(",")):
         for chunk in (args.chunk, *((n,) if args.chunk < n <= args.one_call_max else ())):
             label = f"chunk {args.chunk}" if chunk == args.chunk else "one call"
-            r = run_one(n, chunk, shape, args.layer)
+            r = run_one(n, chunk, shape, args.layer, args.dtype)
             if isinstance(r, str):
                 print(f"{n:>6} {chunk:>6} failed: {r}", flush=True)
                 continue

@@ -234,6 +234,19 @@ def test_chunked_importance_equals_the_unchunked_pass(tiny_dir):
                                            msg=lambda m: f"{cfg}, chunk {chunk}: {m}")
 
 
+def test_masked_attention_in_row_blocks_equals_one_call(tiny_dir, monkeypatch):
+    """A speculator pass with a mask runs sdpa MASKED_ROWS query rows at a time (here 6, so the chunks of
+    20 and the padded batch split into blocks, the last one shorter): the same importance."""
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    (prompts, early, _), (_, ahead, _) = chunk_cases()[3:5]
+    whole = {cfg: speculate_batch(model, prompts, cfg, set(), CPU, chunk=20) for cfg in (early, ahead)}
+    monkeypatch.setattr(capture, "MASKED_ROWS", 6)
+    for cfg in (early, ahead):
+        for w, p in zip(whole[cfg], speculate_batch(model, prompts, cfg, set(), CPU, chunk=20)):
+            assert p.lookahead_ids == w.lookahead_ids
+            torch.testing.assert_close(p.importance, w.importance, rtol=1e-5, atol=1e-7)
+
+
 def test_chunks_run_each_prompt_column_once(tiny_dir):
     """ceil(T / chunk) prefill calls per layer, early exit still stops after the last scored layer."""
     model = load_causal_lm(tiny_dir, "float32", CPU).model

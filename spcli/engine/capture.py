@@ -49,10 +49,22 @@ class QueryCapture:
         return torch.stack([torch.cat(self.rows[layer], dim=2) for layer in self.layers])
 
 
+MASKED_ROWS = 1024  # query rows per sdpa call of a speculator pass with a mask
+
+
 def _attention(module, query, key, value, attention_mask, spcli_capture: QueryCapture | None = None, **kwargs):
-    if spcli_capture is not None:
-        spcli_capture.record(module.layer_idx, query, key)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    """sdpa; in a speculator pass with a mask [B, 1, t, T_keys], `MASKED_ROWS` query rows at a time:
+    sdpa turns a boolean mask into an additive one of the query's dtype, which for a prefill chunk of
+    t rows over a long prefix would be t x T_keys elements (rows are independent: same result)."""
+    if spcli_capture is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    spcli_capture.record(module.layer_idx, query, key)
+    if attention_mask is None or attention_mask.shape[2] != query.shape[2] or query.shape[2] <= MASKED_ROWS:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    parts = [sdpa_attention_forward(module, query[:, :, s : s + MASKED_ROWS], key, value,
+                                    attention_mask[:, :, s : s + MASKED_ROWS], **kwargs)[0]
+             for s in range(0, query.shape[2], MASKED_ROWS)]  # each [B, rows, H, D]
+    return torch.cat(parts, dim=1), None
 
 
 def register() -> str:
