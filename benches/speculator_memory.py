@@ -1,8 +1,8 @@
 """Speculator peak memory against prompt length, prefilled in chunks vs in one call, one run.
 
 A random Llama-3.1-8B-shaped speculator at small width (32 layers, 32 heads, 8 KV heads as the 8B;
-head dim 16 instead of 128, hidden 512, MLP 1792; float32 here, --dtype bfloat16 on a GPU-less
-machine with AMX) runs `speculate_batch` on one prompt of n
+head dim 16 instead of 128, hidden 512, MLP 1792; float32, or --dtype bfloat16 where the CPU has
+fast bf16 matmuls) runs `speculate_batch` on one prompt of n
 tokens with early exit at layer 13 and window 32 (no look-ahead), each (n, chunk) in a fresh
 process. Printed per row:
 
@@ -10,13 +10,18 @@ process. Printed per row:
                the prefill's worst moment
     KV         the most the DynamicCache held (keys + values of layers 0..13), read from its tensors
                after every update: n x 2 x 14 x KVH x D x dtype bytes, which grows with n by design
-    rest       prefill - KV: activations, sdpa's mask and work space, the query rows
-    rest/1st   rest over the first row's rest of the same kind (at --chunk / in one call)
+    rest       prefill - KV: activations, the attention masks, sdpa's work space, the query rows
+    mask       computed, not measured: transformers' boolean mask of the last chunk over its prefix,
+               chunk x n B, alive through each forward (sdpa's additive copy of one block of its rows,
+               MASKED_ROWS x n x dtype bytes, only during attention, comes on top); none in one call of
+               one prompt (sdpa's is_causal). It grows with n at a fixed chunk
+    rest/1st   (rest - mask) over the first row's of the same kind (at --chunk / in one call)
     peak       the whole pass's peak RSS growth, scoring included (the torch reference: one layer's
                [H, S, n] fp32 softmax and its pooled copy, which grow with n)
 
-    .venv/bin/python benches/speculator_memory.py                          # seconds: n = 512..2048, chunk 256
-    .venv/bin/python benches/speculator_memory.py --lengths 8192,16384,32768,65536 --chunk 8192
+    .venv/bin/python benches/speculator_memory.py                          # quick: n = 256..1024, chunk 128
+    .venv/bin/python benches/speculator_memory.py --lengths 8192,16384,32768,65536 --chunk 8192 \
+        --heads 4 --kv-heads 1 --layer 1 --one-call-max 16384                 # the README's sweep
 """
 
 from __future__ import annotations
@@ -80,8 +85,8 @@ def run_one(n: int, chunk: int, shape: dict, layer: int, dtype: str) -> dict | s
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", default="512,1024,2048", help="prompt lengths n, comma-separated")
-    ap.add_argument("--chunk", type=int, default=256, help="speculator chunk (--speculator-chunk)")
+    ap.add_argument("--lengths", default="256,512,1024", help="prompt lengths n, comma-separated")
+    ap.add_argument("--chunk", type=int, default=128, help="speculator chunk (--speculator-chunk)")
     ap.add_argument("--one-call-max", type=int, default=32768,
                     help="one-call rows (chunk = n) only up to this n: their n x n mask would not fit beyond")
     ap.add_argument("--heads", type=int, default=SHAPE["num_attention_heads"], help="query heads (8B: 32)")
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     shape = {**SHAPE, "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads}
     print(f"speculator ({args.dtype}): {shape}; {dict(SCORE, score_layers=str(args.layer))}")
-    print(f"{'n':>6} {'chunk':>6} {'prefill':>8} {'KV':>7} {'rest':>7} {'rest/1st':>8} {'peak':>7}   (MiB)")
+    print(f"{'n':>6} {'chunk':>6} {'prefill':>8} {'KV':>7} {'rest':>7} {'mask':>6} {'rest/1st':>8} {'peak':>7}   (MiB)")
     first: dict[str, float] = {}
     for n in map(int, args.lengths.split(",")):
         for chunk in (args.chunk, *((n,) if args.chunk < n <= args.one_call_max else ())):
@@ -106,8 +111,9 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{n:>6} {chunk:>6} failed: {r}", flush=True)
                 continue
             rest = r["prefill_mib"] - r["kv_mib"]
-            ratio = rest / first.setdefault(label, rest)
-            print(f"{n:>6} {chunk:>6} {r['prefill_mib']:8.1f} {r['kv_mib']:7.1f} {rest:7.1f} {ratio:8.2f} "
+            mask = 0.0 if chunk >= n else chunk * n / 2**20
+            ratio = (rest - mask) / first.setdefault(label, rest - mask)
+            print(f"{n:>6} {chunk:>6} {r['prefill_mib']:8.1f} {r['kv_mib']:7.1f} {rest:7.1f} {mask:6.1f} {ratio:8.2f} "
                   f"{r['peak_mib']:7.1f}   {label}", flush=True)
 
 
