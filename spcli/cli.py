@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
+from spcli.config import SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
 from spcli.device import nvml_device_checks
 from spcli.errors import EXIT_FAILURE, SpcliError
 
@@ -89,6 +89,7 @@ def run(
     max_record_bytes: Annotated[int, typer.Option(help="Longer input records become error rows without being parsed.")] = 8 << 20,
     commit_interval: Annotated[float, typer.Option(help="Seconds between commits of finished rows (0 = every batch).")] = 10.0,
     score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
+    speculator_chunk: Annotated[int, typer.Option(help="Tokens per speculator prefill call: its activations scale with this, not the prompt (same outputs).")] = SPECULATOR_CHUNK,
     fresh: Annotated[bool, typer.Option(help="Start over: delete this directory's outputs (default: resume).")] = False,
     force: Annotated[bool, typer.Option(help="Append to a directory whose configuration differs.")] = False,
     tp: Annotated[Optional[int], typer.Option(help="vllm: tensor-parallel size. Default: the model's.")] = None,
@@ -111,7 +112,8 @@ def run(
     cfg = RunConfig(
         inputs=tuple(inputs), out=out, model=model, speculator=speculator, engine=engine, dtype=dtype, device=device,
         batch_size=batch_size, output_format=output_format, save_scores=save_scores, truncate=truncate,
-        max_record_bytes=max_record_bytes, commit_interval=commit_interval, fresh=fresh, force=force,
+        max_record_bytes=max_record_bytes, commit_interval=commit_interval, speculator_chunk=speculator_chunk,
+        fresh=fresh, force=force,
         select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
                             keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max),
         score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, impl=score_impl),

@@ -25,6 +25,11 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_speculator_chunk(chunk: int) -> None:
+    _check(chunk >= 1, f"--speculator-chunk must be >= 1, got {chunk}")
+
+
+SPECULATOR_CHUNK = 8192  # tokens per speculator prefill call: its activations are one chunk's, not the prompt's
 AUTO = "auto"  # keep = auto: a per-prompt budget from the importance itself (keep_mass, keep_min, keep_max)
 
 
@@ -209,6 +214,7 @@ class RunConfig:
     truncate: str = "error"
     max_record_bytes: int = 8 << 20  # longer records become error rows before they are parsed or tokenized
     commit_interval: float = 10.0  # seconds between commits (0 = after every batch); a stop always commits
+    speculator_chunk: int = SPECULATOR_CHUNK  # tokens per speculator prefill call (memory only: same outputs)
     fresh: bool = False
     force: bool = False
     select: SelectConfig = field(default_factory=SelectConfig)
@@ -227,6 +233,7 @@ class RunConfig:
         _check(self.max_record_bytes >= 1, f"--max-record-bytes must be >= 1, got {self.max_record_bytes}")
         _check(self.commit_interval >= 0, f"--commit-interval must be >= 0, got {self.commit_interval}")
         _check(not (self.fresh and self.force), "--fresh and --force cannot be used together")
+        check_speculator_chunk(self.speculator_chunk)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -234,7 +241,7 @@ class RunConfig:
     def fingerprint_fields(self) -> dict:
         """Everything that changes outputs (inputs' identity is added by the manifest)."""
         d = self.to_dict()
-        for k in ("inputs", "out", "batch_size", "commit_interval", "fresh", "force", "device"):
+        for k in ("inputs", "out", "batch_size", "commit_interval", "speculator_chunk", "fresh", "force", "device"):
             d.pop(k)
         d["score"].pop("impl")
         d.pop("vllm")  # parallelism, memory and placement: same outputs

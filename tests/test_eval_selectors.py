@@ -69,19 +69,22 @@ def test_speculator_selectors_rank_their_own_signal():
 
 
 def test_speculator_signals_reuse_one_pass_and_match_a_reference(tiny_dir):
+    """Also with the prefill in chunks (64 does not divide n = 300): the hook gathers every chunk's states."""
     base = load_causal_lm(tiny_dir, "float32", CPU).model
     model = first_layers(base, 2)
     ids = list(range(1000, 1300))
     hooks_before = len(base.model._forward_hooks)
-    sig = speculator_signals(model, ids, ScoreConfig(lookahead=3, window=0, score_layers="all", pool=13), set(), CPU)
-    assert len(base.model._forward_hooks) == hooks_before, "the hook is removed (first_layers shares the dict)"
-    ref_importance = speculate(model, ids, ScoreConfig(lookahead=3, window=0, score_layers="all", pool=13), set(), CPU).importance
-    torch.testing.assert_close(sig.importance, ref_importance)
+    cfg = ScoreConfig(lookahead=3, window=0, score_layers="all", pool=13)
+    ref_importance = speculate(model, ids, cfg, set(), CPU).importance
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits[0].float()  # [n, V]
     ref = -torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
-    assert sig.surprisal[0] == 0
-    torch.testing.assert_close(sig.surprisal[1:], ref, rtol=1e-4, atol=1e-4)
+    for chunk in (8192, 64):
+        sig = speculator_signals(model, ids, cfg, set(), CPU, chunk=chunk)
+        assert len(base.model._forward_hooks) == hooks_before, "the hook is removed (first_layers shares the dict)"
+        torch.testing.assert_close(sig.importance, ref_importance, rtol=1e-4, atol=1e-6)
+        assert sig.surprisal[0] == 0
+        torch.testing.assert_close(sig.surprisal[1:], ref, rtol=1e-4, atol=1e-4)
 
 
 def test_specprefill_paper_is_the_paper_recipe_on_the_same_speculator(tiny_dir):

@@ -116,6 +116,24 @@ def test_changed_keep_refuses_then_fresh_starts_over_and_force_appends(tmp_path,
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", *(f"part-00000-{i:05d}.parquet" for i in range(3))]
 
 
+def test_a_changed_speculator_chunk_resumes_with_the_same_outputs(tmp_path, tiny_dir, write_jsonl, capsys):
+    """--speculator-chunk changes memory, not outputs: not fingerprinted, and a resumed run that prefills
+    the speculator 3 tokens at a time continues the rows of an unchunked one exactly."""
+    src = write_jsonl(rows_of(6))
+    ref = tmp_path / "ref"
+    run(config(src, ref, tiny_dir), Progress(quiet=True))
+    out = tmp_path / "out"
+    with pytest.raises(Interrupted):
+        run(config(src, out, tiny_dir), StopAfter(1))
+    assert config(src, out, tiny_dir, speculator_chunk=3).fingerprint_fields() == config(src, out, tiny_dir).fingerprint_fields()
+    code, _, err = cli(argv(src, out, tiny_dir, "--keep", "0.3", "--speculator-chunk", "3"), capsys)
+    assert code == 0, err
+    assert "another configuration" not in err
+    assert comparable(out) == comparable(ref)
+    code, _, err = cli(argv(src, tmp_path / "bad", tiny_dir, "--speculator-chunk", "0"), capsys)
+    assert (code, last_line(err)) == (2, "spcli: error: --speculator-chunk must be >= 1, got 0")
+
+
 def test_changed_input_file_refuses_to_resume(tmp_path, tiny_dir, write_jsonl, capsys):
     src = write_jsonl(rows_of(2))
     out = tmp_path / "out"

@@ -188,7 +188,7 @@ def test_batched_lookahead_stops_each_prompt_at_its_own_eos(tiny_dir):
 def test_capture_keeps_copies_of_the_scored_rows_only(tiny_dir):
     """No view pins a layer's whole [B, H, n, D] query: each kept row block owns its storage."""
     model = load_causal_lm(tiny_dir, "float32", CPU).model
-    cap = capture.QueryCapture([1], num_prompt_rows=8, keep_keys=True)
+    cap = capture.QueryCapture([1], num_prompt_rows=8, width=200, keep_keys=True)
     ids = torch.tensor([list(range(100, 300))])  # n = 200
     from spcli.engine.load import decoder_prefix
 
@@ -198,3 +198,63 @@ def test_capture_keeps_copies_of_the_scored_rows_only(tiny_dir):
     assert rows.shape == (1, 4, 8, 16)  # [B, H, W, D] of the tiny model
     assert rows.untyped_storage().nbytes() == rows.numel() * rows.element_size()
     assert set(cap.keys) == {1} and cap.keys[1].shape == (1, 2, 200, 16)  # keys of the scored layer only
+
+
+def test_capture_takes_the_last_window_rows_across_chunks():
+    """Rows of the prompt's last W columns, wherever the chunks split them, then every decode row."""
+    cap = capture.QueryCapture([0], num_prompt_rows=5, width=12)
+    columns = torch.arange(14, dtype=torch.float32)[None, None, :, None]  # [1, 1, 14, 1]: row j holds j
+    for start, end in ((0, 4), (4, 8), (8, 10), (10, 12), (12, 13), (13, 14)):  # prefill chunks, then 2 decode steps
+        cap.record(0, columns[:, :, start:end], key=None)
+    assert cap.queries()[0, 0, 0, :, 0].tolist() == [7, 8, 9, 10, 11, 12, 13]
+    assert [r.shape[2] for r in cap.rows[0]] == [1, 2, 2, 1, 1]  # the first chunk holds none of the window
+
+
+def chunk_cases():
+    """(prompts, cfg, chunks): widths 63 and 100 (n = 63, 40, 100, 9 left-padded); chunks that do (7 of 63,
+    20 of 100) and do not (10, 62, 7 of 100, 33) divide the width; the window rows (16, 5) straddle chunk
+    boundaries (e.g. 16 rows over chunks of 7); chunk 1; a chunk longer than the prompt."""
+    one, batch = [list(range(400, 463))], [list(range(700, 763)), list(range(800, 840)), list(range(900, 1000)),
+                                           list(range(20, 29))]
+    early = ScoreConfig(lookahead=0, window=16, score_layers="1", pool=5)
+    ahead = ScoreConfig(lookahead=3, window=5, score_layers="all", pool=5)
+    return [(one, early, (1, 7, 10, 64)), (one, ahead, (7, 62)), (one, paper(2, 13), (10,)),
+            (batch, early, (7, 20)), (batch, ahead, (33,))]
+
+
+def test_chunked_importance_equals_the_unchunked_pass(tiny_dir):
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    for prompts, cfg, chunks in chunk_cases():
+        whole = speculate_batch(model, prompts, cfg, eos_ids=set(), device=CPU, chunk=1 << 20)
+        for chunk in chunks:
+            parts = speculate_batch(model, prompts, cfg, eos_ids=set(), device=CPU, chunk=chunk)
+            for w, p in zip(whole, parts):
+                assert p.lookahead_ids == w.lookahead_ids and p.num_query_rows == w.num_query_rows, (cfg, chunk)
+                torch.testing.assert_close(p.importance, w.importance, rtol=1e-4, atol=1e-6,
+                                           msg=lambda m: f"{cfg}, chunk {chunk}: {m}")
+
+
+def test_masked_attention_in_row_blocks_equals_one_call(tiny_dir, monkeypatch):
+    """A speculator pass with a mask runs sdpa MASKED_ROWS query rows at a time (here 6, so the chunks of
+    20 and the padded batch split into blocks, the last one shorter): the same importance."""
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    (prompts, early, _), (_, ahead, _) = chunk_cases()[3:5]
+    whole = {cfg: speculate_batch(model, prompts, cfg, set(), CPU, chunk=20) for cfg in (early, ahead)}
+    monkeypatch.setattr(capture, "MASKED_ROWS", 6)
+    for cfg in (early, ahead):
+        for w, p in zip(whole[cfg], speculate_batch(model, prompts, cfg, set(), CPU, chunk=20)):
+            assert p.lookahead_ids == w.lookahead_ids
+            torch.testing.assert_close(p.importance, w.importance, rtol=1e-5, atol=1e-7)
+
+
+def test_chunks_run_each_prompt_column_once(tiny_dir):
+    """ceil(T / chunk) prefill calls per layer, early exit still stops after the last scored layer."""
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    calls, handles = count_calls(model)
+    try:
+        speculate_batch(model, [list(range(600, 650))], ScoreConfig(lookahead=0, window=8, score_layers="1", pool=1),
+                        set(), CPU, chunk=16)
+        assert calls == {"layers": [4, 4, 0], "norm": 0, "lm_head": 0}  # 50 columns in chunks of 16
+    finally:
+        for h in handles:
+            h.remove()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from spcli.config import DTYPES, ScoreConfig, SelectConfig, _check
+from spcli.config import DTYPES, SPECULATOR_CHUNK, ScoreConfig, SelectConfig, _check, check_speculator_chunk
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class BenchConfig:
     dtype: str | None = None
     device: str = "auto"
     json: bool = False
+    speculator_chunk: int = SPECULATOR_CHUNK  # tokens per speculator prefill call (memory only)
     select: SelectConfig = field(default_factory=lambda: SelectConfig(keep=1.0))  # keep comes from `keeps`
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
@@ -35,6 +36,7 @@ class BenchConfig:
         _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
         _check(self.ttft_limit_s is None or self.ttft_limit_s > 0, f"--ttft-limit must be > 0 seconds, got {self.ttft_limit_s}")
         _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_speculator_chunk(self.speculator_chunk)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -91,7 +91,8 @@ def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
         spec: dict[float, list[Timing]] = {k: [] for k in cfg.keeps}
         for rep in range(cfg.warmup + cfg.repeats):
             f = run_full(m, prompts, cfg.max_tokens)
-            s = {k: run_spec(m, prompts, k, cfg.select, score, cfg.max_tokens, texts) for k in cfg.keeps}
+            s = {k: run_spec(m, prompts, k, cfg.select, score, cfg.max_tokens, cfg.speculator_chunk, texts)
+                 for k in cfg.keeps}
             if rep >= cfg.warmup:
                 full.append(f)
                 for k in cfg.keeps:

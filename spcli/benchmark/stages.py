@@ -89,7 +89,7 @@ def run_full(m: ModelStack, prompts: list[list[int]], max_tokens: int) -> Timing
 
 
 def run_spec(m: ModelStack, prompts: list[list[int]], keep: float, select: SelectConfig, score: ScoreConfig,
-             max_tokens: int, texts: list[str] | None = None) -> Timing:
+             max_tokens: int, chunk: int, texts: list[str] | None = None) -> Timing:
     """`texts`: the prompts' text (`as_text`) for a speculator of another tokenizer, which reads them in its
     own tokens; that tokenization and the alignment are timed with the rest."""
     _sync(m.device)
@@ -98,7 +98,7 @@ def run_spec(m: ModelStack, prompts: list[list[int]], keep: float, select: Selec
     for r, text in zip(requests, texts or []):
         base_ids, r.speculator_ids, r.alignment = _cross(m, text, len(r.token_ids))
         assert base_ids == r.token_ids, "as_text made these ids from this text"
-    requests = prune(requests, select, score, m)
+    requests = prune(requests, select, score, m, chunk=chunk)
     assert all(isinstance(r, PrunedRequest) for r in requests), requests
     gens = _generate(m, requests)
     ttft = time.perf_counter() - t0 - gens[0].decode_s

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spcli.config import AUTO, DTYPES, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, _check
+from spcli.config import (AUTO, DTYPES, SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig,
+                          _check, check_speculator_chunk)
 from spcli.engine import hf_pass, load
 from spcli.engine.prepare import prepare
 from spcli.engine.request import Generation, PrunedRequest
@@ -51,6 +52,7 @@ class KeepForConfig:
     seed: int = 0
     dtype: str | None = None
     device: str = "auto"
+    speculator_chunk: int = SPECULATOR_CHUNK  # tokens per speculator prefill call (memory only)
     select: SelectConfig = field(default_factory=lambda: SelectConfig(keep=AUTO))  # auto's mass/min/max; chunking
     score: ScoreConfig = field(default_factory=ScoreConfig)
     fields: FieldConfig = field(default_factory=FieldConfig)
@@ -66,6 +68,7 @@ class KeepForConfig:
         _check(self.compare_tokens >= 1, f"--compare-tokens must be >= 1, got {self.compare_tokens}")
         _check(self.bootstrap >= 100, f"--bootstrap must be >= 100 resamples, got {self.bootstrap}")
         _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_speculator_chunk(self.speculator_chunk)
 
     @property
     def target(self) -> tuple[str, float]:
@@ -124,7 +127,8 @@ def measure(stack, records: list[Record], cfg: KeepForConfig, log=print) -> tupl
     smallest = min(min(cfg.keeps), cfg.select.keep_min)  # prunes every prompt any policy prunes
     run_cfg = RunConfig(inputs=cfg.inputs, out=cfg.out, model=cfg.model, speculator=cfg.speculator,
                         select=dataclasses.replace(cfg.select, keep=smallest), score=cfg.score,
-                        generate=GenerateConfig(max_tokens=cfg.compare_tokens), fields=cfg.fields)
+                        generate=GenerateConfig(max_tokens=cfg.compare_tokens), fields=cfg.fields,
+                        speculator_chunk=cfg.speculator_chunk)
     t0 = time.perf_counter()
     prepared = prepare(records, run_cfg, stack)
     errors = [f"{r.id}: {p}" for r, p in zip(records, prepared) if isinstance(p, RecordError)]

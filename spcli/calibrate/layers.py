@@ -197,7 +197,7 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
         t0 = time.perf_counter()
         ids = _tokens(tokenizer, max_positions, ex)
         spans = needle_spans(tokenizer, ex, ids)
-        cap = QueryCapture(range(num_layers), cfg.max_window, keep_keys=True)
+        cap = QueryCapture(range(num_layers), cfg.max_window, len(ids), keep_keys=True)
         marks, forward_s = timed_pass(model, ids, cap, m.device)
         fractions.append(marks)
         queries = cap.queries()[:, 0]  # [L, H, R, D]

@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from spcli.config import SPECULATOR_CHUNK
+
 
 def _help() -> str:
     from spcli.benchmark.report import COLUMN_HELP, MAX_SPREAD
@@ -39,6 +41,7 @@ def register(app: typer.Typer) -> None:
         keep_first: Annotated[int, typer.Option(help="First tokens always kept.")] = 4,
         keep_last: Annotated[int, typer.Option(help="Last tokens always kept.")] = 64,
         score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
+        speculator_chunk: Annotated[int, typer.Option(help="Tokens per speculator prefill call, as `spcli run --speculator-chunk`.")] = SPECULATOR_CHUNK,
         dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         json: Annotated[bool, typer.Option("--json", help="Print one JSON object per configuration instead of a table.")] = False,
@@ -54,6 +57,7 @@ def register(app: typer.Typer) -> None:
             model=model, speculator=speculator, keeps=split_list(keep, float, "--keep"),
             lengths=split_list(lengths, int, "--lengths"), batch=batch, repeats=repeats, warmup=warmup,
             max_tokens=max_tokens, ttft_limit_s=ttft_limit, seed=seed, dtype=dtype, device=device, json=json,
+            speculator_chunk=speculator_chunk,
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=0),
             score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, impl=score_impl),
         )

@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from spcli.config import SPECULATOR_CHUNK
+
 
 def register(app: typer.Typer) -> None:
     @app.command(name="calibrate")
@@ -39,6 +41,7 @@ def register(app: typer.Typer) -> None:
         window: Annotated[Optional[int], typer.Option(help="--keep-for: as `spcli run --window`. Default: the model's.", show_default=False)] = None,
         lookahead: Annotated[Optional[int], typer.Option(help="--keep-for: as `spcli run --lookahead`. Default: the model's.", show_default=False)] = None,
         score_layers: Annotated[Optional[str], typer.Option(help="--keep-for: as `spcli run --score-layers`. Default: the model's.", show_default=False)] = None,
+        speculator_chunk: Annotated[int, typer.Option(help="--keep-for: tokens per speculator prefill call, as `spcli run --speculator-chunk`.")] = SPECULATOR_CHUNK,
         prompt_field: Annotated[str, typer.Option(help="--keep-for: input field holding prompt text.")] = "prompt",
         messages_field: Annotated[str, typer.Option(help="--keep-for: input field holding chat messages.")] = "messages",
     ) -> None:
@@ -57,6 +60,7 @@ def register(app: typer.Typer) -> None:
             return _keep_for(inputs, keep_for, out=out, model=model, speculator=speculator, sample=sample,
                              keeps=keep or "0.05,0.1,0.2,0.3,0.5", target_agreement=target_agreement,
                              target_kl=target_kl, seed=seed, dtype=dtype, device=device, pool=_one(pool, "--pool"),
+                             speculator_chunk=speculator_chunk,
                              select=dict(chunk=_one(chunk, "--chunk"), keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max, min_tokens=min_tokens),
                              score=dict(window=window, lookahead=lookahead, score_layers=score_layers),
                              fields=dict(prompt=prompt_field, messages=messages_field))

@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from spcli.config import SPECULATOR_CHUNK
+
 
 def _help() -> str:
     from spcli.evaluate.report import COLUMN_HELP, MIN_N
@@ -45,6 +47,7 @@ def register(app: typer.Typer) -> None:
         keep_min: Annotated[float, typer.Option(help="auto:P policies: the least fraction of a prompt kept.")] = 0.05,
         keep_max: Annotated[float, typer.Option(help="auto:P policies: the most fraction of a prompt kept.")] = 0.5,
         match_auto: Annotated[bool, typer.Option("--match-auto/--no-match-auto", help="Per auto:P policy, also run a fixed keep at its mean kept fraction and compare the two, paired.")] = True,
+        speculator_chunk: Annotated[int, typer.Option(help="Tokens per speculator prefill call, as `spcli run --speculator-chunk`.")] = SPECULATOR_CHUNK,
         dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         html: Annotated[bool, typer.Option(help="Also write a self-contained report.html.")] = False,
@@ -60,7 +63,7 @@ def register(app: typer.Typer) -> None:
             lengths=split_list(lengths, int, "--lengths"), model=model, speculator=speculator,
             keeps=split_keeps(keep), selectors=split_list(selector, str, "--selector"), samples=samples,
             seed=seed, max_tokens=max_tokens, compare_tokens=compare_tokens, bootstrap=bootstrap, dtype=dtype,
-            device=device, html=html, match_auto=match_auto,
+            device=device, html=html, match_auto=match_auto, speculator_chunk=speculator_chunk,
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
                                 keep_min=keep_min, keep_max=keep_max),
             score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool),

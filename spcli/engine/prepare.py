@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from spcli.config import AUTO, RunConfig, ScoreConfig, SelectConfig
+from spcli.config import AUTO, SPECULATOR_CHUNK, RunConfig, ScoreConfig, SelectConfig
 from spcli.device import free_memory
 from spcli.engine.align import carry
 from spcli.engine.load import ModelStack
@@ -57,7 +57,8 @@ def prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_stage=l
         except RecordError as e:
             out.append(e)
     ready = [i for i, r in enumerate(out) if isinstance(r, PrunedRequest)]
-    for i, r in zip(ready, prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop)):
+    pruned = prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop, cfg.speculator_chunk)
+    for i, r in zip(ready, pruned):
         out[i] = r
     return out
 
@@ -83,12 +84,13 @@ def length_groups(lengths: list[int], max_tokens: int = SPECULATOR_BATCH_TOKENS)
 
 
 def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfig, stack: ModelStack,
-          on_stage=lambda text: None, should_stop=lambda: False) -> list[PrunedRequest | RecordError]:
+          on_stage=lambda text: None, should_stop=lambda: False,
+          chunk: int = SPECULATOR_CHUNK) -> list[PrunedRequest | RecordError]:
     """Speculate and select the requests whose prompts are pruned (in place); the others keep every token.
 
     The speculator runs where the stack says (`stack.speculate_remote`: vLLM's workers; else here, loaded
     on first use, so a run at keep 1.0 never loads one); selection runs here. should_stop() is asked
-    between speculator passes (StopAtSafePoint).
+    between speculator passes (StopAtSafePoint); chunk: tokens per speculator prefill call.
     """
     out: list[PrunedRequest | RecordError] = list(requests)
     todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)]
@@ -96,9 +98,9 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
         return out
     prompts = [requests[i].speculator_token_ids for i in todo]  # the speculator's own tokens (cross-tokenizer)
     if stack.speculate_remote is not None:
-        specs = stack.speculate_remote(prompts, score, on_stage, should_stop)
+        specs = stack.speculate_remote(prompts, score, chunk, on_stage, should_stop)
     else:
-        specs = speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device,
+        specs = speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device, chunk,
                                   on_stage, should_stop)
     for i, spec in zip(todo, specs, strict=True):
         req = requests[i]
@@ -113,12 +115,13 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
 
 
 def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device,
-                      on_stage=lambda text: None, should_stop=lambda: False) -> list[Speculation | RecordError]:
+                      chunk: int = SPECULATOR_CHUNK, on_stage=lambda text: None,
+                      should_stop=lambda: False) -> list[Speculation | RecordError]:
     """One Speculation (or the RecordError of a prompt that ran out of memory alone) per prompt, in order.
 
     The one speculator loop, run by the hf engine, eval, bench and each vLLM worker replica: prompts of
-    similar length share one pass (length_groups; importance is the same as alone); a pass that runs
-    out of memory is retried one prompt at a time.
+    similar length share one pass (length_groups; importance is the same as alone), prefilled `chunk`
+    tokens per call; a pass that runs out of memory is retried one prompt at a time.
     """
     out: list[Speculation | RecordError | None] = [None] * len(prompts)
     done = 0
@@ -127,16 +130,17 @@ def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_i
             raise StopAtSafePoint
         on_stage(f"speculating {done + 1}-{done + len(group)} of {len(prompts)} prompts")
         done += len(group)
-        for i, spec in zip(group, _speculate(model, [prompts[i] for i in group], score, eos_ids, device)):
+        for i, spec in zip(group, _speculate(model, [prompts[i] for i in group], score, eos_ids, device, chunk)):
             out[i] = spec
     return out
 
 
-def _speculate(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device) -> list:
+def _speculate(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device,
+               chunk: int) -> list:
     try:
-        return speculate_batch(model, prompts, score, eos_ids, device)
+        return speculate_batch(model, prompts, score, eos_ids, device, chunk=chunk)
     except torch.OutOfMemoryError:
         free_memory()
         if len(prompts) > 1:
-            return [s for p in prompts for s in _speculate(model, [p], score, eos_ids, device)]
+            return [s for p in prompts for s in _speculate(model, [p], score, eos_ids, device, chunk)]
         return [RecordError(f"the speculator ran out of memory on {len(prompts[0])} tokens")]

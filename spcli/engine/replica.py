@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spcli.config import ScoreConfig
+from spcli.config import SPECULATOR_CHUNK, ScoreConfig
 from spcli.engine.speculate import Speculation
 from spcli.errors import RecordError
 
@@ -71,7 +71,8 @@ class Replica:
         self.source: SpeculatorSource | None = None
         self.model: nn.Module | None = None
 
-    def speculate(self, source: dict, prompts: list[list[int]], score: dict, eos_ids: list[int]) -> dict:
+    def speculate(self, source: dict, prompts: list[list[int]], score: dict, eos_ids: list[int],
+                  chunk: int = SPECULATOR_CHUNK) -> dict:
         """Score this rank's prompts; {"wall_s", "results": one encoded Speculation or error per prompt}."""
         from spcli.engine.prepare import speculate_prompts
 
@@ -80,7 +81,7 @@ class Replica:
         if wanted != self.source:
             self.model, self.source = None, None
             self.model, self.source = wanted.load(self.device), wanted
-        specs = speculate_prompts(self.model, prompts, ScoreConfig(**score), set(eos_ids), self.device) if prompts else []
+        specs = speculate_prompts(self.model, prompts, ScoreConfig(**score), set(eos_ids), self.device, chunk) if prompts else []
         return {"wall_s": time.perf_counter() - t0, "results": [encode(s) for s in specs]}
 
 

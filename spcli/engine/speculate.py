@@ -8,10 +8,13 @@ A batch of B prompts is left-padded to its longest length T, so every prompt end
 
 Query rows, at every scored layer: the last `window` prompt tokens (at least the last one), each
 row limited to keys at or before its own position, then one row per look-ahead token (all n
-keys). Without look-ahead the speculator stops after the last scored layer (early exit: no later
-layer, no final norm, no LM head) and holds keys of the scored layers only; with look-ahead the
-prompts decode their greedy look-ahead together and the keys are read from the cache afterwards.
-A prompt's importance does not depend on the other prompts of its batch.
+keys). The speculator prefills `chunk` columns at a time into a DynamicCache (attention mask and
+position ids of the growing prefix), so its activations are one chunk's, not the prompt's; the
+window rows are captured across chunks. Without look-ahead it stops after the last scored layer
+(early exit: no later layer, no final norm, no LM head; the cache covers those layers only), and
+once prefilled only the scored layers' keys and the query rows are kept for scoring; with
+look-ahead the prompts decode their greedy look-ahead together on the whole cache. A prompt's
+importance does not depend on the other prompts of its batch, nor on the chunk size.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from spcli.config import ScoreConfig
+from spcli.config import SPECULATOR_CHUNK, ScoreConfig
 from spcli.engine.capture import QueryCapture
 from spcli.engine.load import decoder_prefix
 from spcli.kernels.score import token_importance
@@ -58,28 +61,42 @@ def left_pad(prompts: list[list[int]], device: torch.device) -> Padded:
     return Padded(ids.to(device), mask.to(device), positions.to(device), pads)
 
 
+def prefill(model: nn.Module, batch: Padded, cache: DynamicCache, cap: QueryCapture, chunk: int, **kwargs):
+    """Prefill `batch` into `cache`, `chunk` columns at a time; returns the last chunk's output."""
+    width = batch.input_ids.shape[1]
+    for start in range(0, width, chunk):
+        end = min(start + chunk, width)
+        out = model(input_ids=batch.input_ids[:, start:end], attention_mask=batch.attention_mask[:, :end],
+                    position_ids=batch.position_ids[:, start:end], past_key_values=cache, use_cache=True,
+                    spcli_capture=cap, **kwargs)
+    return out
+
+
 @torch.inference_mode()
 def speculate_batch(
-    model: nn.Module, prompts: list[list[int]], cfg: ScoreConfig, eos_ids: set[int], device: torch.device
+    model: nn.Module, prompts: list[list[int]], cfg: ScoreConfig, eos_ids: set[int], device: torch.device,
+    chunk: int = SPECULATOR_CHUNK,
 ) -> list[Speculation]:
-    """One Speculation per prompt. `model`: the speculator, a *ForCausalLM; `cfg` resolved."""
+    """One Speculation per prompt. `model`: the speculator, a *ForCausalLM; `cfg` resolved; `chunk`:
+    columns per prefill call (the batch's, padding included)."""
     assert cfg.is_resolved, "resolve the score configuration first (spcli.profiles.resolve_score)"
+    assert chunk >= 1, f"chunk must be >= 1, got {chunk}"
     t0 = time.perf_counter()
     layers = cfg.layers(getattr(model, "spcli_num_layers", model.config.num_hidden_layers))  # load_prefix sets it
     batch = left_pad(prompts, device)
     width = batch.input_ids.shape[1]
-    early_exit = cfg.lookahead == 0
-    cap = QueryCapture(layers, cfg.num_prompt_rows, keep_keys=early_exit)
-    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                  spcli_capture=cap)
+    cap = QueryCapture(layers, cfg.num_prompt_rows, width)
     num_steps = [0] * len(prompts)  # look-ahead rows of each prompt
     lookahead: list[list[int]] = [[] for _ in prompts]
-    if early_exit:
-        decoder_prefix(model, layers[-1] + 1)(**inputs, use_cache=False)
-        keys = [cap.keys[layer] for layer in layers]  # L_s x [B, KVH, T, D]
+    if cfg.lookahead == 0:
+        prefix = decoder_prefix(model, layers[-1] + 1)
+        cache = DynamicCache(config=prefix.config)
+        prefill(prefix, batch, cache, cap, chunk)
+        keys = [cache.layers[layer].keys for layer in layers]  # L_s x [B, KVH, T, D]
+        del cache  # the values and the unscored layers' keys: scoring reads none of them
     else:
         cache = DynamicCache(config=model.config)
-        out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = prefill(model, batch, cache, cap, chunk, logits_to_keep=1)
         mask = batch.attention_mask
         next_pos = torch.tensor(list(map(len, prompts)), device=device)  # [B]
         alive = [True] * len(prompts)
@@ -120,6 +137,6 @@ def speculate_batch(
 
 
 def speculate(model: nn.Module, input_ids: list[int], cfg: ScoreConfig, eos_ids: set[int],
-              device: torch.device) -> Speculation:
+              device: torch.device, chunk: int = SPECULATOR_CHUNK) -> Speculation:
     """One prompt alone (a batch of one)."""
-    return speculate_batch(model, [input_ids], cfg, eos_ids, device)[0]
+    return speculate_batch(model, [input_ids], cfg, eos_ids, device, chunk=chunk)[0]

@@ -123,11 +123,11 @@ class VllmEngine:
 
     def _speculator_share(self, max_model_len: int | None, total_bytes: int):
         """The plan's (spcli/plan/memory.py): the reserve for prompts up to max_model_len, the utilization."""
-        from spcli.plan.memory import DEFAULT_SPECULATOR_CHUNK, speculator_share
+        from spcli.plan.memory import speculator_share
         from spcli.plan.shapes import DTYPE_BYTES, ModelShape
 
         shape = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
-        return speculator_share(shape, self.cfg.score, self._reserve_tokens(max_model_len), DEFAULT_SPECULATOR_CHUNK,
+        return speculator_share(shape, self.cfg.score, self._reserve_tokens(max_model_len), self.cfg.speculator_chunk,
                                 total_bytes, DTYPE_BYTES[self.stack.dtype])
 
     def check(self, req: PrunedRequest) -> None:
@@ -161,7 +161,8 @@ class WorkerSpeculator:
         self.num_ranks = llm.llm_engine.vllm_config.parallel_config.world_size
         self.ranks_used: list[int] = []  # the ranks that answered the last call
 
-    def __call__(self, prompts: list[list[int]], score, on_stage=lambda text: None, should_stop=lambda: False):
+    def __call__(self, prompts: list[list[int]], score, chunk: int, on_stage=lambda text: None,
+                 should_stop=lambda: False):
         from spcli.engine.replica import balance, gather
 
         if should_stop():
@@ -174,7 +175,7 @@ class WorkerSpeculator:
             with _raise_if_engine_dies(self.llm):
                 replies = self.llm.collective_rpc("spcli_speculate", args=(
                     self.source, [[prompts[i] for i in share] for share in shares], dataclasses.asdict(score),
-                    self.eos_ids))
+                    self.eos_ids, chunk))
         except Exception as e:  # a worker's exception comes back as a plain Exception with its message
             _raise_engine_died(e)
             raise

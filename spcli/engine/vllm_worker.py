@@ -176,12 +176,13 @@ class SpcliWorker(_BaseWorker):
     """vLLM's worker of this platform, running `SpcliModelRunner`, with a speculator replica on its
     device (replica.py) that `LLM.collective_rpc("spcli_speculate", ...)` reaches."""
 
-    def spcli_speculate(self, source: dict, shares: list[list[list[int]]], score: dict, eos_ids: list[int]) -> dict:
+    def spcli_speculate(self, source: dict, shares: list[list[list[int]]], score: dict, eos_ids: list[int],
+                        chunk: int) -> dict:
         """Score this rank's share (`shares[rank]`: token ids per prompt); {"rank", "wall_s", "results"}."""
         from spcli.engine.replica import Replica
 
         replica = self.__dict__.setdefault("_spcli_replica", Replica(self.device))
-        return {"rank": self.rank, **replica.speculate(source, shares[self.rank], score, eos_ids)}
+        return {"rank": self.rank, **replica.speculate(source, shares[self.rank], score, eos_ids, chunk)}
 
     def init_device(self):
         if self.vllm_config.speculative_config is not None:

@@ -98,7 +98,7 @@ def example_signals(m: ModelStack, example: Example, ids: list[int], cfg: EvalCo
         assert base_ids == ids, "prompt_ids and cross_tokenize read the example alike"
     signals = speculator_signals(m.speculator, spec_ids, cfg.score, m.speculator_eos_ids, m.device,
                                  with_surprisal="self-information" in cfg.selectors,
-                                 with_paper="specprefill-paper" in cfg.selectors)
+                                 with_paper="specprefill-paper" in cfg.selectors, chunk=cfg.speculator_chunk)
     return carried(signals, alignment)
 
 

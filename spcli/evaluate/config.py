@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from spcli.config import DTYPES, ScoreConfig, SelectConfig, _check
+from spcli.config import DTYPES, SPECULATOR_CHUNK, ScoreConfig, SelectConfig, _check, check_speculator_chunk
 from spcli.errors import ConfigError
 from spcli.evaluate.selectors import SELECTORS, check_selectors
 from spcli.evaluate.tasks import TASKS
@@ -80,6 +80,7 @@ class EvalConfig:
     device: str = "auto"
     html: bool = False
     match_auto: bool = True  # per auto policy, also a fixed keep at its mean kept fraction (adaptive vs fixed, paired)
+    speculator_chunk: int = SPECULATOR_CHUNK  # tokens per speculator prefill call (memory only)
     select: SelectConfig = field(default_factory=lambda: SelectConfig(keep=1.0))  # keep is per run: `keeps`
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
@@ -99,6 +100,7 @@ class EvalConfig:
         _check(self.compare_tokens >= 1, f"--compare-tokens must be >= 1, got {self.compare_tokens}")
         _check(self.bootstrap >= 100, f"--bootstrap must be >= 100 resamples, got {self.bootstrap}")
         _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_speculator_chunk(self.speculator_chunk)
 
     @property
     def pruned_keeps(self) -> tuple[float | str, ...]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig
+from spcli.config import PAPER_CHUNK, PAPER_SCORE, SPECULATOR_CHUNK, ScoreConfig, SelectConfig
 from spcli.engine.align import Alignment, carry
 from spcli.engine.select import is_pruned, select_tokens
 from spcli.engine.speculate import speculate
@@ -68,30 +68,32 @@ def check_selectors(names: tuple[str, ...]) -> None:
 @torch.inference_mode()
 def speculator_signals(
     model: nn.Module, input_ids: list[int], cfg: ScoreConfig, eos_ids: set[int], device: torch.device,
-    with_surprisal: bool = True, with_paper: bool = False,
+    with_surprisal: bool = True, with_paper: bool = False, chunk: int = SPECULATOR_CHUNK,
 ) -> Signals:
-    """One speculator pass (spcli's own `speculate`) that also yields per-token surprisal.
+    """One speculator pass (spcli's own `speculate`, `chunk` tokens per prefill call) that also yields
+    per-token surprisal.
 
-    With look-ahead, the final hidden states [1, n, hidden] of the prefill call are caught by a
+    With look-ahead, the final hidden states [1, n, hidden] of the prefill calls are caught by a
     forward hook on the decoder stack, so self-information costs an LM-head pass, not a second
     prefill. After an early exit (no look-ahead) there are none: a full forward computes them.
     Without `with_surprisal` (no self-information selector) surprisal is all zeros and costs nothing.
     """
-    paper = speculate(model, input_ids, dataclasses.replace(cfg, **PAPER_SCORE), eos_ids, device) if with_paper else None
+    paper = (speculate(model, input_ids, dataclasses.replace(cfg, **PAPER_SCORE), eos_ids, device, chunk=chunk)
+             if with_paper else None)
     extra = (paper.importance, paper.speculate_s) if paper else (None, 0.0)
     if not with_surprisal:
-        spec = speculate(model, input_ids, cfg, eos_ids, device)
+        spec = speculate(model, input_ids, cfg, eos_ids, device, chunk=chunk)
         return Signals(spec.importance, torch.zeros(len(input_ids)), spec.speculate_s, 0.0, *extra)
     hidden: list[torch.Tensor] = []
 
     def keep_prefill(_module, _args, output):
-        if not hidden:
-            hidden.append(output.last_hidden_state[0])  # [n, hidden]
+        if sum(h.shape[0] for h in hidden) < len(input_ids):  # the prefill's chunks, not the look-ahead steps
+            hidden.append(output.last_hidden_state[0])  # [chunk, hidden]
 
     is_early_exit = cfg.lookahead == 0
     handle = None if is_early_exit else model.model.register_forward_hook(keep_prefill)
     try:
-        spec = speculate(model, input_ids, cfg, eos_ids, device)
+        spec = speculate(model, input_ids, cfg, eos_ids, device, chunk=chunk)
     finally:
         if handle is not None:
             handle.remove()  # module copies made by first_layers share the hook dict with the base model
@@ -99,10 +101,11 @@ def speculator_signals(
     ids = torch.tensor(input_ids, device=device)  # [n]
     if is_early_exit:
         hidden.append(model.model(input_ids=ids[None]).last_hidden_state[0])
+    states = torch.cat(hidden)  # [n, hidden]
     surprisal = torch.zeros(len(input_ids), dtype=torch.float32)  # [n]
     for start in range(0, len(input_ids) - 1, SURPRISAL_ROWS):
         end = min(len(input_ids) - 1, start + SURPRISAL_ROWS)
-        logits = model.lm_head(hidden[0][start:end]).float()  # [rows, V]: predicts tokens start+1 .. end
+        logits = model.lm_head(states[start:end]).float()  # [rows, V]: predicts tokens start+1 .. end
         logp = torch.log_softmax(logits, dim=-1)
         surprisal[start + 1 : end + 1] = -logp.gather(1, ids[start + 1 : end + 1, None])[:, 0].cpu()
     return Signals(spec.importance, surprisal, spec.speculate_s, time.perf_counter() - t0, *extra)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from spcli.config import ScoreConfig
+from spcli.config import SPECULATOR_CHUNK, ScoreConfig
 from spcli.errors import ConfigError
 from spcli.plan.shapes import ModelShape
 
@@ -18,7 +18,6 @@ GiB = 1 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's own default, used when the GPU is not shared
 MIN_GPU_MEMORY_UTILIZATION = 0.1
 CONTEXT_BYTES = 1 * GiB  # the speculator process's CUDA context and allocator slack
-DEFAULT_SPECULATOR_CHUNK = 8192  # tokens the speculator prefills per forward (--speculator-chunk)
 VLLM_RUNTIME_BYTES = 3 * GB  # vLLM's activations, CUDA graphs and NCCL buffers per GPU: an estimate, not measured
 VLLM_BLOCK_SIZE = 16  # tokens per KV-cache block
 KV_CACHE_BYTES = {"fp8": 1}  # --kv-cache-dtype; "auto" = the base's dtype
@@ -81,7 +80,7 @@ def layers_run(shape: ModelShape, score: ScoreConfig) -> int:
 
 
 def speculator_reserve(shape: ModelShape, num_tokens: int, score: ScoreConfig, dtype_bytes: int,
-                       chunk: int = DEFAULT_SPECULATOR_CHUNK) -> Reserve:
+                       chunk: int = SPECULATOR_CHUNK) -> Reserve:
     """GPU bytes the speculator (`shape`: the layers it loads; `score` resolved) holds for prompts of
     up to N = num_tokens tokens, prefilled C = chunk tokens per forward.
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from spcli import models, profiles
-from spcli.config import ScoreConfig, _check
+from spcli.config import SPECULATOR_CHUNK, ScoreConfig, _check
 from spcli.engine.load import parse_self
 from spcli.errors import ConfigError
 from spcli.plan import memory
@@ -31,7 +31,7 @@ class PlanConfig:
     max_tokens: int = 64
     placement: str | None = None  # None = both
     kv_cache_dtype: str = "auto"
-    speculator_chunk: int = memory.DEFAULT_SPECULATOR_CHUNK
+    speculator_chunk: int = SPECULATOR_CHUNK
     max_model_len: int | None = None  # None = the preset's, else the model's context
     score: ScoreConfig = field(default_factory=ScoreConfig)  # unset fields: the model's defaults
 
