@@ -73,3 +73,10 @@ def test_settings_source_names_flags_profile_preset_or_fallback(cache, tiny_dir)
     assert source(name, tiny_dir, "self", window=8, lookahead=2, score_layers="all", pool=3, chunk=4) == "flags"
     path = profiles.write_profile(tiny_dir, "self", {"window": 16, "lookahead": 0, "score_layers": "1"}, {})
     assert source(name, tiny_dir, "self") == f"profile {path}"
+
+
+def test_the_qwen_preset_scores_its_separate_speculator_with_the_papers_recipe(cache):
+    """Issue 19's measurement: early exit in the 0.5B lost facts that the paper's recipe kept."""
+    defaults, source = profiles.score_defaults("qwen2.5-coder-1.5b", None, "qwen2.5-coder-0.5b")
+    assert defaults == {**PAPER_SCORE, "chunk": PAPER_CHUNK} and source == "preset qwen2.5-coder-1.5b"
+    assert profiles.score_defaults("qwen2.5-coder-1.5b", None, "smollm2-135m")[1] == "fallback: the paper's recipe"
