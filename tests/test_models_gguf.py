@@ -147,3 +147,23 @@ def test_a_file_that_is_not_gguf_is_a_clear_error(tmp_path, cache):
     with pytest.raises(models.ModelError, match="cannot convert the GGUF file .*broken.gguf"):
         models.locate(str(bad))
     assert list((cache / "models").iterdir()) == [], "nothing half-written left"
+
+
+def test_spcli_run_on_a_gguf_file_uses_the_fallback_and_says_so(tmp_path, cache, write_jsonl):
+    from typer.testing import CliRunner
+
+    from spcli.cli import app
+    from test_run import read_outputs
+
+    gguf_file, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    src = write_jsonl([{"id": f"r{i}", "prompt": "the cat in the hat " * (30 + i)} for i in range(2)])
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(src), "--out", str(out), "--model", str(gguf_file), "--keep", "0.5",
+                                   "--min-tokens", "16", "--keep-last", "8", "--max-tokens", "3", "--device", "cpu"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    line = next(l for l in res.output.splitlines() if l.startswith("INFO speculator: "))
+    assert line == ("INFO speculator: self (lookahead 0, window 32, score_layers 0, pool 13, impl auto); settings from "
+                    f"fallback: early exit at the middle layer; `spcli calibrate --model {gguf_file} --speculator self` "
+                    "measures them for this model")
+    rows = read_outputs(out)
+    assert len(rows) == 2 and all(r["error"] is None and 0 < r["num_kept_tokens"] < r["num_prompt_tokens"] for r in rows)
