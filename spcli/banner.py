@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from spcli import models
+from spcli import models, profiles
 from spcli.config import RunConfig
 from spcli.io.records import Shard
 
@@ -23,10 +23,12 @@ def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, mo
                        if k != "keep" and (cfg.select.keep == "auto" or k not in auto_only))
     rows = "rows unknown" if rows_total is None else f"{rows_total} row{'' if rows_total == 1 else 's'}"
     model = cfg.model if cfg.model == model_path else f"{cfg.model} ({model_path})"
+    source = profiles.settings_source(cfg.score, cfg.select, cfg.model, Path(model_path), speculator)
     return [
         f"inputs: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {rows}",
         f"model: {model}, {cfg.dtype or models.default_dtype(cfg.model)}",
-        f"speculator: {speculator}{f', {scoring}' if scoring else ''} ({score})" + (" (not used at keep 1.0)" if not cfg.select.prunes else ""),
+        f"speculator: {speculator}{f', {scoring}' if scoring else ''} ({score})"
+        + (" (not used at keep 1.0)" if not cfg.select.prunes else f"; settings from {source}"),
         f"keep: {cfg.select.keep} ({select})",
         f"engine: {cfg.engine}, device {pick_device(cfg.device)}{placement(cfg)}, batch size {cfg.batch_size}",
         f"output: {out} ({cfg.output_format})",

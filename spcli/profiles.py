@@ -2,9 +2,12 @@
 
 Order, each filling only what the one before left unset: the flags (`--window`, `--lookahead`,
 `--score-layers`, `--pool`, `--chunk`), a profile written by `spcli calibrate --write-profile` for
-this model folder and speculator, the preset's `self_score` when the model speculates for itself,
-and last the paper's recipe (look-ahead 8, every layer, pool 13, chunk 32). A profile or preset that
-leaves a field out gets the paper's value for it. Profiles live in $SPCLI_CACHE/profiles/, keyed by the model
+this model folder and speculator, the preset's `self_score` when the model speculates for itself (or
+its `speculator_score` with its default speculator), and last a fallback: for `self` / `self:K`,
+early exit at the middle layer (within the K) with window 32 and no look-ahead (a truncated model
+decodes poor look-ahead tokens; DESIGN.md step 6), for a separate speculator the paper's recipe
+(look-ahead 8, every layer, pool 13, chunk 32). A profile or preset that leaves a field out gets the
+paper's value for it. Profiles live in $SPCLI_CACHE/profiles/, keyed by the model
 folder's content (config and weight files' names and sizes), so a renamed copy finds its profile
 and a changed model does not.
 """
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from spcli import models
 from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig, parse_layers
-from spcli.engine.load import parse_self
+from spcli.engine.load import parse_self, read_config
 
 SCORE_FIELDS = ("window", "lookahead", "score_layers", "pool")  # ScoreConfig's resolvable fields
 SELECT_FIELDS = ("chunk",)  # SelectConfig's
@@ -61,14 +64,32 @@ def write_profile(model_path: Path, speculator: str, score: dict, evidence: dict
     return path
 
 
+FALLBACK_WINDOW = 32
+FALLBACK = "fallback"  # how a fallback's source begins (the banner then suggests `spcli calibrate`)
+
+
 def score_defaults(model: str, model_path: Path | None, speculator: str) -> tuple[dict, str]:
     """(every field of FIELDS, where they come from) for a model and its resolved speculator."""
     if model_path is not None and (profile := read_profile(model_path, speculator)):
         return {**PAPER, **profile}, f"profile {profile_path(model_path, speculator)}"
     preset = models.PRESETS.get(model)
-    if preset is not None and preset.self_score and _fits(preset.self_score, parse_self(speculator)):
+    k = parse_self(speculator)
+    if preset is not None and preset.self_score and _fits(preset.self_score, k):
         return {**PAPER, **preset.self_score}, f"preset {model}"
-    return dict(PAPER), "the paper's recipe"
+    if preset is not None and preset.speculator_score and speculator == preset.speculator:
+        return {**PAPER, **preset.speculator_score}, f"preset {model}"
+    if k is not None and model_path is not None:
+        layer = middle_layer(model_path, k)
+        return ({**PAPER, "window": FALLBACK_WINDOW, "lookahead": 0, "score_layers": str(layer)},
+                f"{FALLBACK}: early exit at the middle layer")
+    return dict(PAPER), f"{FALLBACK}: the paper's recipe"
+
+
+def middle_layer(model_path: Path, k: int) -> int:
+    """The fallback's one scored layer for self (k 0) or self:K: the middle of the base's layers, within
+    the first K; the speculator runs up to it and stops (early exit)."""
+    num_layers = int(read_config(model_path).num_hidden_layers)
+    return (num_layers - 1) // 2 if k == 0 else min((num_layers - 1) // 2, k - 1)
 
 
 def _fits(score: dict, k: int | None) -> bool:
@@ -104,3 +125,17 @@ def resolve(cfg, model: str, model_path: Path | None, speculator: str):
     defaults, _ = score_defaults(model, model_path, speculator)
     return dataclasses.replace(cfg, score=_fill(cfg.score, SCORE_FIELDS, defaults),
                                select=_fill(cfg.select, SELECT_FIELDS, defaults))
+
+
+def settings_source(score: ScoreConfig, select: SelectConfig, model: str, model_path: Path | None, speculator: str) -> str:
+    """Where resolved scoring settings came from, for the banner: flags, a profile, a preset or a fallback (which
+    suggests `spcli calibrate`). A field that differs from the defaults was set by a flag."""
+    defaults, source = score_defaults(model, model_path, speculator)
+    given = {**{k: getattr(score, k) for k in SCORE_FIELDS}, "chunk": select.chunk}
+    flagged = [k for k in FIELDS if given[k] != defaults[k]]
+    if len(flagged) == len(FIELDS):
+        return "flags"
+    flags = f"flags ({', '.join(flagged)}), the rest from " if flagged else ""
+    hint = (f"; `spcli calibrate --model {model} --speculator {speculator}` measures them for this model"
+            if source.startswith(FALLBACK) else "")
+    return flags + source + hint

@@ -166,3 +166,27 @@ def test_cli_writes_results_plot_and_a_profile_that_flags_override(tiny_dir, tmp
     assert defaults == want and source.startswith("profile")
     flagged = profiles.resolve_score(ScoreConfig(window=7), str(tiny_dir), tiny_dir, "self")
     assert (flagged.window, flagged.lookahead, flagged.score_layers, flagged.pool) == (7, 0, str(choice["layer"]), 5)
+
+
+def test_a_separate_speculator_has_its_own_layers_swept_and_its_profile_used_by_run(tiny_dir, smollm2_dir, tmp_path, monkeypatch):
+    """`--speculator FOLDER`: the speculator's layers (2 here, the base has 3) are swept with early exit in the
+    speculator, and the profile is keyed by the base folder and that speculator, so `spcli run` picks it up."""
+    from conftest import build_tiny
+
+    from spcli import profiles
+    from spcli.cli import app
+
+    monkeypatch.setenv("SPCLI_CACHE", str(tmp_path / "cache"))
+    speculator = str(build_tiny(tmp_path / "spec", smollm2_dir, seed=1, num_hidden_layers=2))
+    out = tmp_path / "calib"
+    assert profiles.score_defaults(str(tiny_dir), tiny_dir, speculator)[1] == "fallback: the paper's recipe"
+    args = ["calibrate", "--model", str(tiny_dir), "--speculator", speculator, "--tasks", "niah", "--lengths", "300",
+            "--samples", "1", "--keep", "0.5", "--windows", "4,16", "--out", str(out), "--write-profile", "--device", "cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["speculator"] == speculator and doc["num_layers"] == 2 and len(doc["costs"]) == 2
+    assert doc["paper"]["recall"]["niah"].keys() == {"0.5"}, "the paper's recipe on the speculator, for reference"
+    defaults, source = profiles.score_defaults(str(tiny_dir), tiny_dir, speculator)
+    assert source == f"profile {doc['profile']}" and defaults["score_layers"] == str(doc["choice"]["layer"])
+    assert defaults["lookahead"] == 0 and int(defaults["score_layers"]) < 2

@@ -89,7 +89,7 @@ def test_summary_numbers(known_run):
     assert s.ttft_quantiles["p90"] == pytest.approx(3.7)
     assert s.speculate_s == pytest.approx(2.0) and s.wall_s == pytest.approx(12.5)
     assert s.config["keep"] == 0.2 and s.config["chunk"] == 8 and s.config["speculator"] == "self:2"
-    assert s.config["lookahead"] == PAPER_SCORE["lookahead"] and s.config["pool"] == PAPER_SCORE["pool"]  # resolved
+    assert s.config["lookahead"] == 0 and s.config["pool"] == PAPER_SCORE["pool"]  # resolved (self:K's fallback)
     assert len(s.errors) == 1
     assert (s.errors[0].message, s.errors[0].count) == ("field 'prompt' must be a string, got int", 2)
     assert s.errors[0].example.startswith("/data/in.jsonl:line 5:")

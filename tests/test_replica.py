@@ -101,14 +101,15 @@ def test_a_prompt_that_runs_out_of_memory_in_a_replica_comes_back_as_its_error(t
     """The replica runs prepare's loop, OOM retry included: a pass that runs out of memory is retried one
     prompt at a time, and the prompt that still does comes back as its RecordError; the others score."""
     model = load_causal_lm(tiny_dir, "float32", torch.device("cpu")).model
-    real_forward = model.model.forward
+    first = model.model.layers[0]  # shared by the early-exit view the speculator runs
+    real_forward = first.forward
 
-    def forward(*args, **kwargs):
-        if kwargs["input_ids"].shape[1] > 30:
+    def forward(hidden_states, *args, **kwargs):
+        if hidden_states.shape[1] > 30:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real_forward(*args, **kwargs)
+        return real_forward(hidden_states, *args, **kwargs)
 
-    model.model.forward = forward
+    first.forward = forward
     source = SpeculatorSource(str(tiny_dir), "float32")
     replica = Replica(torch.device("cpu"))
     replica.model, replica.source = model, source  # already loaded: the instrumented copy

@@ -133,7 +133,9 @@ def test_start_banner_names_inputs_model_speculator_keep_engine_device_output(tm
     assert [line for line in res.output.splitlines() if line.startswith("INFO ")][:6] == [
         "INFO inputs: 1 shard, 3 rows",
         f"INFO model: {tiny_dir}, float32",
-        f"INFO speculator: self:2, same tokenizer ({score})",
+        f"INFO speculator: self:2, same tokenizer ({score}); settings from flags (lookahead, chunk), the rest from "
+        f"fallback: early exit at the middle layer; `spcli calibrate --model {tiny_dir} --speculator self:2` measures "
+        "them for this model",
         "INFO keep: 0.3 (chunk 8, keep_first 4, keep_last 8, min_tokens 16)",
         "INFO engine: hf, device cpu, batch size 8",
         f"INFO output: {out} (parquet)",

@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
     def _cmd(
         inputs: Annotated[Optional[list[str]], typer.Argument(metavar="INPUT", help="With --keep-for: your JSONL/Parquet shards, globs or directories, as for `spcli run`.", show_default=False)] = None,
         keep_for: Annotated[bool, typer.Option("--keep-for", help="Calibrate the keep rate on a sample of INPUT instead of the layers: fidelity against full prefill at each --keep and auto; prints the `spcli run` flags.")] = False,
-        model: Annotated[str, typer.Option(help="Base model name, local folder or cached HF id.")] = "smollm2-135m",
+        model: Annotated[str, typer.Option(help="Base model name, local folder, GGUF file or cached HF id.")] = "smollm2-135m",
         speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self / self:K; its layers are swept. Default: the model's.")] = None,
         tasks: Annotated[str, typer.Option(help="Built-in tasks, comma-separated (their fact sentences are the needles).")] = "niah,niah-multi,multidoc-qa",
         lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "2048,4096",
