@@ -90,6 +90,7 @@ def run(
     score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
     fresh: Annotated[bool, typer.Option(help="Start over: delete this directory's outputs (default: resume).")] = False,
     force: Annotated[bool, typer.Option(help="Append to a directory whose configuration differs.")] = False,
+    retry_failed: Annotated[bool, typer.Option(help="Redo the committed error rows first, each replacing its old row (a record still bad stays an error row); then resume.")] = False,
     tp: Annotated[Optional[int], typer.Option(help="vllm: tensor-parallel size. Default: the model's.")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="vllm: longest request (kept + generated tokens); also bounds the speculator's GPU share. Default: the model's.")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vllm: fraction of GPU memory vLLM takes. Default: computed to leave room for the speculator.")] = None,
@@ -108,6 +109,7 @@ def run(
         inputs=tuple(inputs), out=out, model=model, speculator=speculator, engine=engine, dtype=dtype, device=device,
         batch_size=batch_size, output_format=output_format, save_scores=save_scores, truncate=truncate,
         max_record_bytes=max_record_bytes, commit_interval=commit_interval, fresh=fresh, force=force,
+        retry_failed=retry_failed,
         select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
                             keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max),
         score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, impl=score_impl),
@@ -123,15 +125,27 @@ def run(
             raise
         typer.echo(f"spcli: interrupted: {e}", err=True)
         sys.exit(EXIT_INTERRUPTED)  # not typer.Exit: click returns its code under standalone_mode=False
+    typer.echo(done_line(s))
+
+
+def done_line(s) -> str:
+    """The last line of a run: totals over the directory, and this run's own figures when it resumed."""
+    from spcli.progress import keep_pct
+
+    failed = f"{s.failed} failed"
+    if s.failed:
+        failed += f": `spcli inspect {s.out} --failed` lists them, --retry-failed redoes them"
     if s.nothing_to_do:
-        typer.echo(f"nothing to do: {s.rows} rows already done; outputs in {s.out}")
-        return
-    kept = 100.0 * s.kept_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
-    resumed = "" if s.rows_this_run == s.rows else f" (this run: {s.rows_this_run} rows)"
-    typer.echo(
-        f"done: {s.rows} rows ({s.failed} failed), prompt tokens {s.prompt_tokens}, kept {s.kept_tokens} ({kept:.1f}%), "
-        f"{s.wall_this_run_s:.1f} s{resumed}; outputs in {s.out}"
-    )
+        return f"nothing to do: {s.rows} rows already done ({failed}); outputs in {s.out}"
+    kept = f"prompt tokens {s.prompt_tokens}, kept {s.kept_tokens} ({keep_pct(s.kept_tokens, s.prompt_tokens)})"
+    if s.rows_this_run == s.rows and not s.retried:
+        return f"done: {s.rows} rows ({failed}), {kept}, {s.wall_this_run_s:.1f} s; outputs in {s.out}"
+    retried = (f", {s.retried} failed row{'' if s.retried == 1 else 's'} redone ({s.retried_ok} now without error)"
+               if s.retried else "")
+    this_kept = (f"prompt tokens {s.prompt_tokens_this_run}, kept {s.kept_tokens_this_run} "
+                 f"({keep_pct(s.kept_tokens_this_run, s.prompt_tokens_this_run)})")
+    return (f"done: {s.rows} rows in total ({failed}), {kept}; this run: {s.rows_this_run} new rows{retried}, "
+            f"{this_kept}, {s.wall_this_run_s:.1f} s; outputs in {s.out}")
 
 
 @app.command()

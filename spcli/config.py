@@ -201,6 +201,7 @@ class RunConfig:
     commit_interval: float = 10.0  # seconds between commits (0 = after every batch); a stop always commits
     fresh: bool = False
     force: bool = False
+    retry_failed: bool = False  # redo the committed error rows (each replaced in place), then go on
     select: SelectConfig = field(default_factory=SelectConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
@@ -217,6 +218,8 @@ class RunConfig:
         _check(self.max_record_bytes >= 1, f"--max-record-bytes must be >= 1, got {self.max_record_bytes}")
         _check(self.commit_interval >= 0, f"--commit-interval must be >= 0, got {self.commit_interval}")
         _check(not (self.fresh and self.force), "--fresh and --force cannot be used together")
+        _check(not (self.fresh and self.retry_failed), "--fresh and --retry-failed cannot be used together "
+                                                       "(--fresh deletes the rows to retry)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -224,7 +227,7 @@ class RunConfig:
     def fingerprint_fields(self) -> dict:
         """Everything that changes outputs (inputs' identity is added by the manifest)."""
         d = self.to_dict()
-        for k in ("inputs", "out", "batch_size", "commit_interval", "fresh", "force", "device"):
+        for k in ("inputs", "out", "batch_size", "commit_interval", "fresh", "force", "retry_failed", "device"):
             d.pop(k)
         d["score"].pop("impl")
         d.pop("vllm")  # parallelism and memory: same outputs
