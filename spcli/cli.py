@@ -136,7 +136,7 @@ def done_line(s) -> str:
     if s.failed:
         failed += f": `spcli inspect {s.out} --failed` lists them, --retry-failed redoes them"
     if s.nothing_to_do:
-        return f"nothing to do: {s.rows} rows already done ({failed}); outputs in {s.out}"
+        return f"nothing to do: {s.rows} rows already done{f' ({failed})' if s.failed else ''}; outputs in {s.out}"
     kept = f"prompt tokens {s.prompt_tokens}, kept {s.kept_tokens} ({keep_pct(s.kept_tokens, s.prompt_tokens)})"
     if s.rows_this_run == s.rows and not s.retried:
         return f"done: {s.rows} rows ({failed}), {kept}, {s.wall_this_run_s:.1f} s; outputs in {s.out}"

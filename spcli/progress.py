@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from spcli.errors import ConfigError
+from spcli.io.commit import batch_prefill_s
 
 if TYPE_CHECKING:
     from spcli.io.schema import RowResult
@@ -122,7 +123,7 @@ def batch_line(rows: list[RowResult]) -> tuple[str, dict]:
     scored = sum(r.num_prompt_tokens for r in ok)
     kept = sum(r.num_kept_tokens for r in ok)
     speculate_s = sum(r.speculate_s for r in ok)
-    prefill_s = max((r.prefill_s for r in ok), default=0.0)
+    prefill_s = batch_prefill_s(rows)
     failed = len(rows) - len(ok)
     rate = 100.0 * kept / scored if scored else 0.0
     msg = f"scored {scored} tokens, kept {kept} ({keep_pct(kept, scored)}), speculator {speculate_s:.1f} s, base {prefill_s:.1f} s"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from spcli.batch import error_row, run_batch
 from spcli.io import replace
+from spcli.io.commit import batch_prefill_s
 from spcli.io.ids import IdIndex, mark_duplicates
 from spcli.io.read import read_records
 from spcli.io.records import Record, Shard
@@ -80,6 +81,7 @@ def retry_failed(cfg, out: Path, manifest, committer, shards: list[Shard], faile
                 gone += unlisted
                 for row in [row for row, p in where.items() if p == part]:  # later batches find its rows there
                     where[row] = now
+            manifest.shards[shard.index].prefill_s += batch_prefill_s(rows)
             if gone:
                 committer.save()  # the commit: the new parts are listed, the old ones no longer
                 replace.delete(out, gone)

@@ -17,10 +17,10 @@ MALFORMED = '{"id": "bad", "prompt": "unterminated'
 
 
 def long_and_short(n: int, bad_at: tuple[int, ...] = ()) -> list[str]:
-    """Odd rows are long (> 300 bytes), even ones short; a malformed line after each row in bad_at."""
+    """Odd rows are long (> 150 bytes), even ones short; a malformed line after each row in bad_at."""
     lines = []
     for i in range(n):
-        words = 100 if i % 2 else 8
+        words = 40 if i % 2 else 8
         lines.append(json.dumps({"id": f"r{i}", "prompt": " ".join(f"w{(i * 7 + j) % 50}" for j in range(words))}))
         if i in bad_at:
             lines.append(MALFORMED)
@@ -62,11 +62,11 @@ def test_retry_failed_redoes_exactly_the_error_rows_in_place(tmp_path, tiny_dir,
     src = write_jsonl(long_and_short(6, bad_at=(2,)))
     ref, out = tmp_path / "ref", tmp_path / "out"
     assert cli(argv(src, ref, tiny_dir), capsys)[0] == 0
-    assert cli(argv(src, out, tiny_dir, "--max-record-bytes", "300"), capsys)[0] == 0
+    assert cli(argv(src, out, tiny_dir, "--max-record-bytes", "150"), capsys)[0] == 0
     first = by_row(out)
     assert sorted(r for r, row in first.items() if row["error"]) == [1, 3, 4, 6]  # 3 long rows, 1 malformed
     code, stdout, err = cli(argv(src, out, tiny_dir, "--retry-failed"), capsys)
-    assert code == 2 and "holds a run with another configuration (max_record_bytes: 300 -> 8388608)" in err
+    assert code == 2 and "holds a run with another configuration (max_record_bytes: 150 -> 8388608)" in err
     code, stdout, err = cli(argv(src, out, tiny_dir, "--retry-failed", "--force"), capsys)
     assert code == 0, err
     assert "INFO retrying 4 failed rows" in err
@@ -100,7 +100,7 @@ def test_sigkill_during_a_retry_replaces_error_rows_only_by_good_ones(tmp_path, 
         return p
 
     ref, out = tmp_path / "ref", tmp_path / "out"
-    for d, extra in ((ref, ()), (out, ("--max-record-bytes", "300"))):
+    for d, extra in ((ref, ()), (out, ("--max-record-bytes", "150"))):
         p = start(d, tmp_path / f"{d.name}.log", *extra)
         p.join(120)
         assert p.exitcode == 0, (tmp_path / f"{d.name}.log").read_text()

@@ -158,7 +158,7 @@ def test_keep_one_equals_plain_vllm_generation(shared_engine, tmp_path, smollm2_
     jl = write_jsonl(tmp_path / "in.jsonl", [*rows, {"id": "bad", "prompt": 7}, {"id": "long", "prompt": "word " * 9000}])
     code, output, exc = spcli_run(str(jl), "--out", str(tmp_path / "out"), "--engine", "vllm", *COMMON, "--keep", "1.0")
     assert code == 0, (output, exc)
-    assert "done: 8 rows (2 failed)" in output
+    assert "done: 8 rows (2 failed: " in output
     got = read_rows(tmp_path / "out")
     assert "field 'prompt' must be a string" in got["bad"]["error"]
     assert "use --truncate left|middle" in got["long"]["error"]

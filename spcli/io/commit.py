@@ -236,8 +236,11 @@ def write_parts(out: Path, files: list[tuple[str, bytes]]) -> list[str]:
 class _Counts:
     def __init__(self):
         self.rows = self.failed = self.prompt_tokens = self.kept_tokens = 0
+        self.prefill_s = 0.0
 
     def add(self, rows: list[RowResult]) -> None:
+        """One batch's rows (each carries its batch's base prefill time: counted once)."""
+        self.prefill_s += batch_prefill_s(rows)
         self.rows += len(rows)
         self.failed += sum(r.error is not None for r in rows)
         self.prompt_tokens += sum(r.num_prompt_tokens for r in rows)
@@ -248,6 +251,12 @@ class _Counts:
         prog.failed += self.failed
         prog.prompt_tokens += self.prompt_tokens
         prog.kept_tokens += self.kept_tokens
+        prog.prefill_s += self.prefill_s
+
+
+def batch_prefill_s(rows: list[RowResult]) -> float:
+    """A batch's base prefill seconds: every row of it without error stores the same value."""
+    return max((r.prefill_s for r in rows if r.error is None), default=0.0)
 
 
 def _write_error(out: Path, name: str, e: OSError) -> OutputError:

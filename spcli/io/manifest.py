@@ -38,6 +38,7 @@ class ShardProgress:
     failed: int = 0  # committed rows with an error
     prompt_tokens: int = 0
     kept_tokens: int = 0
+    prefill_s: float = 0.0  # base prefill seconds, summed over the committed batches (each once)
     total_rows: int | None = None  # records in the shard, when known (Parquet metadata, JSONL count, or done)
     done: bool = False
 
