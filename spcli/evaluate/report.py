@@ -28,7 +28,7 @@ COLUMNS = (  # header, how to read it from a summary entry[, digits]
 # The terminal table (fits 120 columns): CIs for accuracy and its paired difference, means for the rest;
 # every column with its CI is in results.json, report.html and markdown_table.
 COMPACT = ("acc", "acc-full", "EM16", "KL", "needle kept", "overlap/spec", "speedup")
-SHORT = {"needle kept": "needle", "overlap/spec": "overlap"}
+SHORT = {"needle kept": "needle", "overlap/spec": "overlap", "speedup": "speedup*"}
 MIN_N = 30  # fewer examples per row: bootstrap CIs are too rough to compare selectors by
 COLUMN_HELP = (  # README and `spcli eval --help` explain the columns in these words
     ("selector", "how tokens were chosen: full (full prefill, the reference), specprefill, random, recency, "
@@ -43,7 +43,8 @@ COLUMN_HELP = (  # README and `spcli eval --help` explain the columns in these w
     ("KL", "KL divergence of the first-token distribution from full prefill's (0 = identical)"),
     ("needle", "fraction of the needle's tokens kept (built-in tasks)"),
     ("overlap", "Jaccard overlap of the kept set with specprefill's at the same keep"),
-    ("speedup", "full-prefill TTFT / this selector's TTFT (speculator included)"),
+    ("speedup", "full-prefill TTFT / this selector's TTFT (speculator included), estimated from this eval's stage "
+                "times (marked speedup* in the table; spcli bench measures it)"),
 )
 
 MARKERS = ("o", "s", "^", "v", "D", "x")
@@ -80,7 +81,7 @@ def headers(compact: bool = False) -> list[str]:
     return ["selector", "keep", "n", "kept%"] + [SHORT.get(n, n) if compact else n for n in names]
 
 
-def text_table(summary: list[dict]) -> str:
+def text_table(summary: list[dict], html: bool = False) -> str:
     """Per task: the compact table (at most 120 columns), then a warning when n is too small for the CIs."""
     out = []
     for task in dict.fromkeys(e["task"] for e in summary):
@@ -97,7 +98,9 @@ def text_table(summary: list[dict]) -> str:
     if summary and smallest < MIN_N:
         out.append(f"warning: n = {smallest} examples per row: 95% bootstrap CIs from fewer than {MIN_N} examples are rough")
         out.append("         and wide; raise --samples before ranking selectors by them")
-    out.append("every column with its CI: results.json and report.html (--html); columns: spcli eval --help")
+    out.append("speedup*: estimated from this eval's stage times, not measured end to end (spcli bench measures it)")
+    written = "results.json and report.html" if html else "results.json (and report.html with --html)"
+    out.append(f"every column with its CI: {written}; columns: spcli eval --help")
     return "\n".join(out)
 
 
