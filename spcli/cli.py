@@ -30,6 +30,15 @@ _option_type = typer.core.TyperOption.display_type_rich
 typer.core.TyperOption.display_type_rich = _flag_type
 
 
+def _usage_name(self) -> str:
+    """`INPUT...` on the usage line, as click writes a required argument (typer writes `{INPUT}...`)."""
+    name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+typer.core.TyperArgument._usage_display_name = _usage_name
+
+
 def _version(value: bool) -> None:
     if value:
         from spcli import __version__
@@ -55,10 +64,10 @@ def _root(
 
 @app.command()
 def run(
-    inputs: Annotated[list[str], typer.Argument(help="JSONL (.jsonl, .jsonl.gz) or Parquet shards, globs or directories.")],
+    inputs: Annotated[list[str], typer.Argument(metavar="INPUT", help="JSONL (.jsonl, .jsonl.gz) or Parquet shards, globs or directories.", show_default=False)],
     out: Annotated[str, typer.Option("--out", "-o", help="Output directory (created; resumed when it exists).")],
     model: Annotated[str, typer.Option(help="Model name (see `spcli models`), local folder or cached HF id.")] = "smollm2-135m",
-    speculator: Annotated[Optional[str], typer.Option(help="Speculator model, or self:K = the base model's first K layers. Default: the model's.")] = None,
+    speculator: Annotated[Optional[str], typer.Option(help="Speculator model; self = the base model's own weights (early exit after its last scoring layer); self:K = its first K layers. Default: the model's.")] = None,
     keep: Annotated[str, typer.Option(metavar="FLOAT|auto", help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill; auto = per prompt, from --keep-mass within --keep-min..--keep-max.")] = "0.1",
     keep_mass: Annotated[float, typer.Option(help="--keep auto: keep the fewest best chunks holding this share of the importance mass.")] = 0.9,
     keep_min: Annotated[float, typer.Option(help="--keep auto: the least fraction of a prompt kept.")] = 0.05,
@@ -75,7 +84,7 @@ def run(
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,
     logprobs: Annotated[int, typer.Option(help="Per generated token, its logprob and the top N alternatives (column `logprobs`); 0 = off.")] = 0,
-    batch_size: Annotated[int, typer.Option(help="Rows per batch (and per committed part).")] = 8,
+    batch_size: Annotated[int, typer.Option(help="Rows the engine runs together; one committed part holds every batch finished in --commit-interval.")] = 8,
     dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
     engine: Annotated[str, typer.Option(help="hf (transformers) or vllm.")] = "hf",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
@@ -84,7 +93,7 @@ def run(
     id_field: Annotated[str, typer.Option(help="Input field holding the row id (else <file stem>:<row>).")] = "id",
     output_format: Annotated[str, typer.Option(help="parquet, jsonl or openai (OpenAI batch response lines + a Parquet side output).")] = "parquet",
     save_scores: Annotated[bool, typer.Option(help="Also write per-token importance.")] = False,
-    truncate: Annotated[str, typer.Option(help="Over-long prompts: error (error row), left or middle.")] = "error",
+    truncate: Annotated[str, typer.Option(help="Prompts longer than the model's context minus --max-tokens: error = an error row; left = drop their first tokens (keep the end); middle = drop tokens from the middle (keep the start and the end).")] = "error",
     max_record_bytes: Annotated[int, typer.Option(help="Longer input records become error rows without being parsed.")] = 8 << 20,
     commit_interval: Annotated[float, typer.Option(help="Seconds between commits of finished rows (0 = every batch).")] = 10.0,
     score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",

@@ -24,7 +24,7 @@ def test_keep_for_on_the_tiny_model_writes_results_plot_and_the_flags(tmp_path, 
     out = tmp_path / "cal"
     res = CliRunner().invoke(app, ["calibrate", "--keep-for", str(src), "--model", str(tiny_dir), "--speculator", "self:2",
                                    "--lookahead", "0", "--window", "4", "--score-layers", "1", "--dtype", "float32",
-                                   "--sample", "4", "--keep", "0.2,0.5", "--min-tokens", "16", "--keep-min", "0.1",
+                                   "--samples", "4", "--keep", "0.2,0.5", "--min-tokens", "16", "--keep-min", "0.1",
                                    "--keep-max", "0.6", "--target-agreement", "0.5", "--out", str(out)])
     assert res.exit_code == 0, res.output
     results = json.loads((out / "results.json").read_text())
@@ -50,7 +50,7 @@ def test_keep_for_on_the_tiny_model_writes_results_plot_and_the_flags(tmp_path, 
 
 def test_sample_is_seeded_uniform_and_in_input_order(tmp_path, write_jsonl):
     src = write_jsonl(records(40))
-    cfg = lambda seed: KeepForConfig(inputs=(str(src),), sample=5, seed=seed)
+    cfg = lambda seed: KeepForConfig(inputs=(str(src),), samples=5, seed=seed)
     a, num_valid = sample_records(cfg(0))
     assert num_valid == 40 and len(a) == 5
     assert [r.id for r in a] == [r.id for r in sample_records(cfg(0))[0]]

@@ -41,7 +41,7 @@ class KeepForConfig:
     out: str = "out/calibrate"
     model: str = "smollm2-135m"
     speculator: str | None = None
-    sample: int = 32  # records drawn (seeded) from all of INPUT
+    samples: int = 32  # records drawn (seeded) from all of INPUT
     keeps: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5)  # fixed rates swept; `auto` is always swept too
     target_agreement: float | None = None  # mean EM16 to reach; the default target when neither is given: 0.9
     target_kl: float | None = None  # mean first-token KL to stay under
@@ -57,7 +57,7 @@ class KeepForConfig:
 
     def __post_init__(self) -> None:
         _check(bool(self.inputs), "--keep-for needs INPUT files, globs or directories")
-        _check(self.sample >= 1, f"--sample must be >= 1, got {self.sample}")
+        _check(self.samples >= 1, f"--samples must be >= 1, got {self.samples}")
         _check(bool(self.keeps) and all(0.0 < k < 1.0 for k in self.keeps), f"--keep values must be in (0, 1), got {self.keeps}")
         _check(self.target_agreement is None or self.target_kl is None, "give --target-agreement or --target-kl, not both")
         _check(self.target_agreement is None or 0.0 < self.target_agreement <= 1.0,
@@ -91,9 +91,9 @@ def sample_records(cfg: KeepForConfig) -> tuple[list[Record], int]:
             if rec.error is not None:
                 continue
             seen += 1
-            if len(chosen) < cfg.sample:
+            if len(chosen) < cfg.samples:
                 chosen.append(rec)
-            elif (j := rng.randrange(seen)) < cfg.sample:
+            elif (j := rng.randrange(seen)) < cfg.samples:
                 chosen[j] = rec
     if not chosen:
         raise InputError(f"{', '.join(cfg.inputs)}: no valid records to calibrate on")

@@ -21,7 +21,7 @@ def _help() -> str:
 def register(app: typer.Typer) -> None:
     @app.command(name="eval", help=_help())
     def _cmd(
-        inputs: Annotated[Optional[list[str]], typer.Argument(help="JSONL/Parquet shards (optional `answer` field: string or list).")] = None,
+        inputs: Annotated[Optional[list[str]], typer.Argument(metavar="INPUT", help="JSONL/Parquet shards (optional `answer` field: string or list).", show_default=False)] = None,
         out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json, quality_<task>.png and speedup_<task>.png; report.html with --html.")] = "out/eval",
         task: Annotated[Optional[list[str]], typer.Option(help="Built-in task (repeat or comma-separate): niah, niah-multi, kv-retrieval, var-tracking, multidoc-qa, niah-scatter.")] = None,
         lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens for built-in tasks, comma-separated.")] = "2048",
