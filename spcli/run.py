@@ -15,7 +15,7 @@ from pathlib import Path
 
 from spcli import models, retry
 from spcli.banner import banner_lines, resume_line
-from spcli.batch import run_batch
+from spcli.batch import num_over_budget, over_budget_warning, run_batch
 from spcli.config import RunConfig
 from spcli.errors import EngineDied, Interrupted, OutputError
 from spcli.io import commit
@@ -229,6 +229,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
 
         retried = retry.retry_failed(cfg, out, manifest, committer, shards, failed, ids, paths, get_engine, stop,
                                      lambda: _check_stop(stop, committer, manifest), progress)
+    over_budget = 0
     for shard in todo:
         prog = manifest.shards[shard.index]
         try:
@@ -251,6 +252,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
                                           "run the same command again to resume") from e
                     raise
                 assert len(rows) == len(batch), "every record gives exactly one row"
+                over_budget += num_over_budget(batch, rows, cfg.select)
                 committer.add(shard.index, batch[-1].row + 1, rows)
                 progress.update(rows)
                 _check_stop(stop, committer, manifest)
@@ -265,6 +267,8 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
         committer.commit(shard.index, done=True)
         if prog.rows == 0 and shard.index not in warned:
             log.warning("%s: no records", shard.path)
+    if over_budget:
+        log.warning("%s", over_budget_warning(over_budget, progress.rows, cfg.select))
     committer.save(finished=True)
     progress.close()
     t = manifest.totals()

@@ -66,7 +66,8 @@ def table_rows(summary: list[dict], task: str, compact: bool = False) -> list[li
         if e["keep"] == 1.0 and e["selector"] != "full":
             continue  # identical to full prefill (every token kept); kept in results.json and the plots
         with_ci = not compact or columns is COLUMNS
-        rows.append([e["selector"], policy_label(e["keep"]), str(e["n"]), f"{100 * e['kept_fraction']['mean']:.1f}"]
+        over = "!" if e.get("num_over_budget") else ""
+        rows.append([e["selector"], policy_label(e["keep"]), str(e["n"]), f"{100 * e['kept_fraction']['mean']:.1f}{over}"]
                     + [fmt(col[1](e), *col[2:]) if with_ci or col[0] in ("acc", "acc-full") else fmt_mean(col[1](e), *col[2:])
                        for col in columns])
     return rows
@@ -98,6 +99,12 @@ def text_table(summary: list[dict], html: bool = False) -> str:
     if summary and smallest < MIN_N:
         out.append(f"warning: n = {smallest} examples per row: 95% bootstrap CIs from fewer than {MIN_N} examples are rough")
         out.append("         and wide; raise --samples before ranking selectors by them")
+    over = [e for e in summary if e.get("num_over_budget")]
+    if over:
+        most = max(over, key=lambda e: e["num_over_budget"] / e["n"])
+        out.append(f"kept%!: in {len(over)} row(s) (up to {most['num_over_budget']} of {most['n']} examples) the forced "
+                   "first/last tokens (--keep-first + --keep-last) exceed ceil(keep x n): the selectors keep only them,")
+        out.append("         so nothing is being compared there; use longer --lengths, a higher --keep or a lower --keep-last")
     out.append("speedup*: estimated from this eval's stage times, not measured end to end (spcli bench measures it)")
     written = "results.json and report.html" if html else "results.json (and report.html with --html)"
     out.append(f"every column with its CI: {written}; columns: spcli eval --help")
