@@ -107,7 +107,8 @@ class FailedRows:
             if r.error is not None:
                 self.count += 1
                 if self.count <= self.max_shown:
-                    log.warning("failed row %r: %s", r.id, r.error)
+                    log.warning("failed row %r: %s", r.id, r.error,
+                                extra={"fields": {"event": "failed_row", "id": r.id, "error": r.error}})
 
     def close(self) -> None:
         if self.count > self.max_shown:
