@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         pool: Annotated[Optional[str], typer.Option(help="Average-pool kernels over token scores (odd), comma-separated: each is swept. --keep-for: one, as `spcli run --pool`. Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
         chunk: Annotated[Optional[str], typer.Option(help="Selection chunks in tokens, comma-separated: each is swept. --keep-for: one, as `spcli run --chunk`. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
         no_paper: Annotated[bool, typer.Option("--no-paper", help="Do not also score the paper's recipe (every layer, look-ahead 8), the reference row.")] = False,
-        out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json, calibrate.png.")] = "out/calibrate",
+        out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json and calibrate.png; with --keep-for: results.json and keep_fidelity.png. (--write-profile writes the profile to ~/.cache/spcli/profiles/ or $SPCLI_CACHE/profiles/, not here.)")] = "out/calibrate",
         write_profile: Annotated[bool, typer.Option("--write-profile", help="Store the choice as this model's profile: `spcli run` uses it where flags leave window, look-ahead, layers, pool and chunk unset.")] = False,
         dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
