@@ -62,9 +62,9 @@ def num_over_budget(records: list[Record], rows: list[RowResult], select) -> int
 
 def over_budget_warning(count: int, num_rows: int, select) -> str:
     forced = f"--keep-first {select.keep_first} + --keep-last {select.keep_last} = {select.keep_first + select.keep_last}"
-    return (f"{count} of {num_rows} rows kept more than the budget asks: their forced tokens ({forced}) exceed "
-            f"ceil(keep x prompt tokens), so only those were kept; lower --keep-last (or --keep-first) or raise --keep "
-            "for prompts this short")
+    return (f"{count} of {num_rows} rows without error kept more than the budget asks: their forced tokens "
+            f"({forced}) exceed ceil(keep x prompt tokens), so only those were kept; lower --keep-last "
+            "(or --keep-first) or raise --keep for prompts this short")
 
 
 def run_batch(engine, records: list[Record], cfg: RunConfig, shard_paths: dict[int, str],

@@ -268,7 +268,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
         if prog.rows == 0 and shard.index not in warned:
             log.warning("%s: no records", shard.path)
     if over_budget:
-        log.warning("%s", over_budget_warning(over_budget, progress.rows, cfg.select))
+        log.warning("%s", over_budget_warning(over_budget, progress.rows - progress.failed, cfg.select))
     committer.save(finished=True)
     progress.close()
     t = manifest.totals()

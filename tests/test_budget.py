@@ -33,7 +33,7 @@ def test_run_warns_once_with_the_count_of_rows_whose_budget_cannot_be_met(tmp_pa
     assert all(rows[r["id"]]["num_kept_tokens"] == 12 for r in short) and rows["l0"]["num_kept_tokens"] > 12
     warnings = [line for line in err.splitlines() if line.startswith("WARNING")]
     assert warnings == [
-        "WARNING 3 of 4 rows kept more than the budget asks: their forced tokens (--keep-first 4 + --keep-last 8 = 12) "
+        "WARNING 3 of 4 rows without error kept more than the budget asks: their forced tokens (--keep-first 4 + --keep-last 8 = 12) "
         "exceed ceil(keep x prompt tokens), so only those were kept; lower --keep-last (or --keep-first) or raise --keep "
         "for prompts this short"]
 
