@@ -233,7 +233,7 @@ def test_resume_after_sigterm_to_the_process_group(pruned_run, shared_engine, ch
 
     code, output, exc = spcli_run(*args)  # resume, in this process, on the shared engine
     assert code == 0, (output, exc)
-    assert "done: 6 rows (0 failed)" in output
+    assert "done: 6 rows in total (0 failed), " in output
     rows = read_rows(out)
     assert rows.keys() == pruned_run.keys()
     for rid, row in rows.items():
