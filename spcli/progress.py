@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from spcli.errors import ConfigError
+from spcli.io.commit import batch_prefill_s
 
 if TYPE_CHECKING:
     from spcli.io.schema import RowResult
@@ -90,16 +91,43 @@ def is_json_logging() -> bool:
     return any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
 
 
+def keep_pct(kept_tokens: int, prompt_tokens: int) -> str:
+    """The one keep percentage of every line: kept / prompt tokens over the rows without error."""
+    return f"{100.0 * kept_tokens / prompt_tokens:.1f}%" if prompt_tokens else "-"
+
+
+class FailedRows:
+    """One WARNING per failed row, naming where and why, for the first `max_shown`; close() counts the rest."""
+
+    def __init__(self, max_shown: int = 10):
+        self.max_shown, self.count = max_shown, 0
+
+    def add(self, rows: list[RowResult]) -> None:
+        for r in rows:
+            if r.error is not None:
+                self.count += 1
+                if self.count <= self.max_shown:
+                    log.warning("failed row %r: %s", r.id, r.error,
+                                extra={"fields": {"event": "failed_row", "id": r.id, "error": r.error}})
+
+    def close(self) -> None:
+        if self.count > self.max_shown:
+            hidden = self.count - self.max_shown
+            log.warning("%d more failed row%s not shown (the first %d are above)", hidden, "" if hidden == 1 else "s",
+                        self.max_shown)
+        self.count = 0
+
+
 def batch_line(rows: list[RowResult]) -> tuple[str, dict]:
     """The per-batch INFO message and its numbers. prefill_s is per batch (the same on each row)."""
     ok = [r for r in rows if r.error is None]
     scored = sum(r.num_prompt_tokens for r in ok)
     kept = sum(r.num_kept_tokens for r in ok)
     speculate_s = sum(r.speculate_s for r in ok)
-    prefill_s = max((r.prefill_s for r in ok), default=0.0)
+    prefill_s = batch_prefill_s(rows)
     failed = len(rows) - len(ok)
     rate = 100.0 * kept / scored if scored else 0.0
-    msg = f"scored {scored} tokens, kept {kept} ({rate:.1f}%), speculator {speculate_s:.1f} s, base {prefill_s:.1f} s"
+    msg = f"scored {scored} tokens, kept {kept} ({keep_pct(kept, scored)}), speculator {speculate_s:.1f} s, base {prefill_s:.1f} s"
     msg += f"; {len(rows)} row{'' if len(rows) == 1 else 's'}" + (f", {failed} failed" if failed else "")
     fields = {"event": "batch", "rows": len(rows), "failed": failed, "prompt_tokens": scored, "kept_tokens": kept,
               "kept_pct": round(rate, 2), "speculate_s": round(speculate_s, 4), "prefill_s": round(prefill_s, 4)}
@@ -114,6 +142,7 @@ class Progress:
         self.quiet = quiet
         self.rows = self.failed = self.prompt_tokens = self.kept_tokens = 0
         self.done_before = 0  # rows committed by an earlier (resumed) run
+        self.failures = FailedRows()
         self._bar = None
         self._redirect = None
         self._lines = 0
@@ -156,7 +185,7 @@ class Progress:
     def stats(self) -> str:
         n = self.numbers()
         of = f"/{n['total']}" if n["total"] is not None else ""
-        kept = f"{n['kept_pct']:.1f}%" if n["kept_pct"] is not None else "-"
+        kept = keep_pct(self.kept_tokens, self.prompt_tokens)
         eta = f", ETA {_duration(n['eta_s'])}" if n["eta_s"] is not None else ""
         return (f"{n['rows']}{of} rows, {n['rows_per_s']:.2f} rows/s, {n['prompt_tokens_per_s']:.0f} prompt tok/s, "
                 f"kept {kept}, failed {n['failed']}{eta}")
@@ -169,11 +198,12 @@ class Progress:
         self.kept_tokens += sum(r.num_kept_tokens for r in rows if r.error is None)
         msg, fields = batch_line(rows)
         log.info(msg, extra={"fields": fields})
+        self.failures.add(rows)
         if self.quiet:
             return
         if self._bar is not None:
             n = self.numbers()
-            kept = f"{n['kept_pct']:.1f}%" if n["kept_pct"] is not None else "-"
+            kept = keep_pct(self.kept_tokens, self.prompt_tokens)
             self._bar.set_postfix_str(f"{_si(n['prompt_tokens_per_s'])} tok/s, kept {kept}, failed {self.failed}",
                                       refresh=False)
             self._bar.update(len(rows))
@@ -201,6 +231,7 @@ class Progress:
             print(f"progress: {self.stats()}", file=self.stream, flush=True)
 
     def close(self) -> None:
+        self.failures.close()
         if self._bar is not None:
             self._bar.close()
             self._bar = None

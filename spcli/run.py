@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
-from spcli import models
+from spcli import models, retry
 from spcli.banner import banner_lines, resume_line
-from spcli.batch import run_batch
+from spcli.batch import num_over_budget, over_budget_warning, run_batch
 from spcli.config import RunConfig
 from spcli.errors import EngineDied, Interrupted, OutputError
 from spcli.io import commit
@@ -46,6 +46,10 @@ class RunSummary:
     rows_this_run: int = 0
     wall_this_run_s: float = 0.0
     nothing_to_do: bool = False  # every shard was already done: the directory was left as it was
+    prompt_tokens_this_run: int = 0
+    kept_tokens_this_run: int = 0
+    retried: int = 0  # --retry-failed: error rows redone
+    retried_ok: int = 0  # of them, now without error
 
 
 def my_shards(shards: list[Shard]) -> tuple[list[Shard], dict | None]:
@@ -185,7 +189,8 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
                           "the outputs are incomplete: rerun with --fresh to start over")
     todo = [s for s in shards if not manifest.shards[s.index].done]
     before = manifest.totals()
-    if not todo:  # a finished directory: report, and leave its manifest as it is
+    failed = retry.find_failed(out, manifest, shards) if cfg.retry_failed else {}
+    if not todo and not failed:  # a finished directory: report, and leave its manifest as it is
         return RunSummary(out, before["rows"], before["failed"], before["prompt_tokens"], before["kept_tokens"],
                           manifest.wall_s, len(shards), before["rows_total"], nothing_to_do=True)
     warned = set()
@@ -201,7 +206,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
     scoring = manifest.fingerprint_fields.get("scoring", SAME_TOKENIZER if cfg.select.prunes else None)
     for line in banner_lines(cfg, shards, rows_total, model_path, out, scoring):
         log.info("%s", line)
-    if before["rows"]:
+    if before["rows"] and todo:
         first = todo[0]
         log.info("%s", resume_line(before["rows"], rows_total, first.path, manifest.shards[first.index].next_row))
     committer = commit.Committer(out, manifest, cfg.output_format, cfg.save_scores, cfg.model,
@@ -218,8 +223,21 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
     ids = rebuild_ids(out, manifest)
     totals = [manifest.shards[s.index].total_rows for s in todo]
     done = sum(manifest.shards[s.index].rows for s in todo)
-    progress.start(total=None if None in totals else sum(totals) - done, done=before["rows"])
+    num_failed = sum(map(len, failed.values()))
+    progress.start(total=None if None in totals else sum(totals) - done + num_failed, done=before["rows"])
     paths = {s.index: s.path for s in all_shards} | {i: p.path for i, p in manifest.shards.items()}
+    retried = retry.Retried()
+    if failed:
+        log.info("retrying %d failed row%s", num_failed, "" if num_failed == 1 else "s")
+
+        def get_engine():
+            nonlocal engine
+            engine = engine or build_engine(cfg)
+            return engine
+
+        retried = retry.retry_failed(cfg, out, manifest, committer, shards, failed, ids, paths, get_engine, stop,
+                                     lambda: _check_stop(stop, committer, manifest), progress)
+    over_budget = 0
     for shard in todo:
         prog = manifest.shards[shard.index]
         try:
@@ -242,6 +260,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
                                           "run the same command again to resume") from e
                     raise
                 assert len(rows) == len(batch), "every record gives exactly one row"
+                over_budget += num_over_budget(batch, rows, cfg.select)
                 committer.add(shard.index, batch[-1].row + 1, rows)
                 progress.update(rows)
                 _check_stop(stop, committer, manifest)
@@ -256,11 +275,15 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
         committer.commit(shard.index, done=True)
         if prog.rows == 0 and shard.index not in warned:
             log.warning("%s: no records", shard.path)
+    if over_budget:
+        log.warning("%s", over_budget_warning(over_budget, progress.rows - progress.failed, cfg.select))
     committer.save(finished=True)
     progress.close()
     t = manifest.totals()
     return RunSummary(out, t["rows"], t["failed"], t["prompt_tokens"], t["kept_tokens"], manifest.wall_s,
-                      len(shards), t["rows_total"], t["rows"] - before["rows"], committer.elapsed_s)
+                      len(shards), t["rows_total"], t["rows"] - before["rows"], committer.elapsed_s,
+                      prompt_tokens_this_run=progress.prompt_tokens, kept_tokens_this_run=progress.kept_tokens,
+                      retried=retried.rows, retried_ok=retried.fixed)
 
 
 def _check_stop(stop: StopRequest, committer: commit.Committer, manifest: Manifest) -> None:

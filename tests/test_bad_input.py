@@ -109,7 +109,7 @@ def matrix(tmp_path_factory, tiny_dir):
 def test_matrix_run_keeps_every_row_once(matrix):
     src, rows, by_row, proc = matrix
     assert sorted(by_row) == list(range(len(CASES) + 3))
-    assert f"done: {len(CASES) + 3} rows ({len(CASES) + 2} failed)" in proc.stdout
+    assert f"done: {len(CASES) + 3} rows ({len(CASES) + 2} failed: " in proc.stdout
     assert by_row[0]["error"] is None and by_row[0]["output"] is not None
     for r in by_row.values():
         if r["error"] is not None:

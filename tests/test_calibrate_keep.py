@@ -24,7 +24,7 @@ def test_keep_for_on_the_tiny_model_writes_results_plot_and_the_flags(tmp_path, 
     out = tmp_path / "cal"
     res = CliRunner().invoke(app, ["calibrate", "--keep-for", str(src), "--model", str(tiny_dir), "--speculator", "self:2",
                                    "--lookahead", "0", "--window", "4", "--score-layers", "1", "--dtype", "float32",
-                                   "--sample", "4", "--keep", "0.2,0.5", "--min-tokens", "16", "--keep-min", "0.1",
+                                   "--samples", "4", "--keep", "0.2,0.5", "--min-tokens", "16", "--keep-min", "0.1",
                                    "--keep-max", "0.6", "--target-agreement", "0.5", "--out", str(out)])
     assert res.exit_code == 0, res.output
     results = json.loads((out / "results.json").read_text())
@@ -46,11 +46,13 @@ def test_keep_for_on_the_tiny_model_writes_results_plot_and_the_flags(tmp_path, 
         assert last == f"recommended (smallest kept fraction meeting EM16 >= 0.5): {results['flags']}"
         assert f"--model {tiny_dir} --speculator self:2" in last and "--window 4 --lookahead 0 --score-layers 1" in last
     assert "fidelity against full prefill on 4 of your 6 records" in res.stdout
+    assert f"skipped 1 bad record(s): {src}:line 7: malformed JSON (" in res.stdout
+    assert "KL <= 0.05 (--target-kl 0.05): " in res.stdout and "EM16 >= 0.5 (--target-agreement 0.5): " in res.stdout
 
 
 def test_sample_is_seeded_uniform_and_in_input_order(tmp_path, write_jsonl):
     src = write_jsonl(records(40))
-    cfg = lambda seed: KeepForConfig(inputs=(str(src),), sample=5, seed=seed)
+    cfg = lambda seed: KeepForConfig(inputs=(str(src),), samples=5, seed=seed)
     a, num_valid = sample_records(cfg(0))
     assert num_valid == 40 and len(a) == 5
     assert [r.id for r in a] == [r.id for r in sample_records(cfg(0))[0]]
@@ -73,6 +75,31 @@ def test_recommend_takes_the_smallest_kept_fraction_that_meets_the_target():
     assert flags == "spcli run INPUT... --out DIR --model smollm2-135m --keep auto --keep-mass 0.8 --keep-min 0.05 --keep-max 0.5"
     flags = run_flags(KeepForConfig(inputs=("x",), select=SelectConfig(chunk=16), score=ScoreConfig(pool=5)), 0.2)
     assert flags == "spcli run INPUT... --out DIR --model smollm2-135m --keep 0.2 --pool 5 --chunk 16"  # given flags only
+
+
+def test_the_table_ends_with_the_closest_keep_per_criterion_as_run_flags_and_says_what_limits_it():
+    from spcli.calibrate.keep import closest
+    from spcli.calibrate.keep_report import text_table
+
+    summary = [entry(0.1, 0.1, 0.0, kl=0.2), entry(0.5, 0.5, 0.25, kl=0.011), entry("auto", 0.5, 0.25, kl=0.011)]
+    for e in summary:
+        e |= {"n": 3, "num_pruned": 3, "num_at_keep_max": 3 if e["policy"] == "auto" else 0}
+    cfg = KeepForConfig(inputs=("x",))
+    results = {"summary": summary, "target": {"metric": "prefix_match", "value": 0.9}, "num_sampled": 3,
+               "num_valid_records": 4, "errors": [], "skipped": ["in.jsonl:line 2: malformed JSON (unexpected end)"],
+               "config": cfg.to_dict(), "closest": closest(summary, cfg), "recommended": None, "flags": None}
+    flags = "spcli run INPUT... --out DIR --model smollm2-135m --keep"
+    assert text_table(results).splitlines()[-6:] == [
+        "skipped 1 bad record(s): in.jsonl:line 2: malformed JSON (unexpected end)",
+        "warning: 3 sampled records: 95% bootstrap CIs from fewer than 30 are rough and wide; raise --samples (on more "
+        "records) before choosing by them",
+        "keep auto kept --keep-max 0.5 on 3 of 3 pruned prompts: --keep-mass 0.9 needs more there; raise --keep-max or "
+        "lower --keep-mass",
+        f"EM16 >= 0.9 (--target-agreement 0.9): not met in the sweep; closest keep 0.5 (EM16 0.25): {flags} 0.5; "
+        "--keep 1.0 is full prefill",
+        f"KL <= 0.05 (--target-kl 0.05): keep 0.5 meets it (KL 0.011): {flags} 0.5",
+        "no keep in the sweep meets EM16 >= 0.9: use --keep 1.0 (full prefill), or sweep higher --keep values",
+    ]
 
 
 def test_bad_keep_for_flags_are_clear_errors(tmp_path, write_jsonl):

@@ -29,18 +29,21 @@ def test_table_fits_120_columns_and_warns_when_n_is_small():
     table = text_table(summary)
     lines = table.splitlines()
     assert max(len(line) for line in lines) <= 120, max(lines, key=len)
-    assert lines[1].split() == ["selector", "keep", "n", "kept%", "acc", "acc-full", "EM16", "KL", "needle", "overlap", "speedup"]
+    assert lines[1].split() == ["selector", "keep", "n", "kept%", "acc", "acc-full", "EM16", "KL", "needle", "overlap", "speedup*"]
     assert lines[4].split() == ["self-information", "0.10", "16", "10.0", "-0.75", "[-0.94,-0.50]", "-0.75", "[-0.94,-0.50]",
                                 "-0.75", "0.082", "-0.75", "0.27", "10.91"]
-    assert lines[-3:-1] == ["warning: n = 16 examples per row: 95% bootstrap CIs from fewer than 30 examples are rough",
+    assert lines[-4:-2] == ["warning: n = 16 examples per row: 95% bootstrap CIs from fewer than 30 examples are rough",
                             "         and wide; raise --samples before ranking selectors by them"]
-    assert lines[-1] == "every column with its CI: results.json and report.html (--html); columns: spcli eval --help"
+    assert lines[-2:] == ["speedup*: estimated from this eval's stage times, not measured end to end (spcli bench measures it)",
+                          "every column with its CI: results.json (and report.html with --html); columns: spcli eval --help"]
+    assert text_table(summary, html=True).splitlines()[-1] == (
+        "every column with its CI: results.json and report.html; columns: spcli eval --help")
     assert "warning" not in text_table([entry("full", 1.0, n=40)])
 
 
 def test_every_column_is_explained_in_help_and_readme():
     names = [name for name, _ in COLUMN_HELP]
-    assert set(headers()) | set(headers(compact=True)) <= set(names) | {"needle kept", "overlap/spec"}
+    assert set(headers()) | set(headers(compact=True)) <= set(names) | {"needle kept", "overlap/spec", "speedup*"}
     res = CliRunner().invoke(app, ["eval", "--help"], env={"COLUMNS": "200"})
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     for name, text in COLUMN_HELP:

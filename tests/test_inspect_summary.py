@@ -42,6 +42,7 @@ def write_run(out: Path, model_dir: Path, records: list[dict], results: list[dic
     for start in range(0, len(rows), rows_per_part):
         name = commit.part_name(0, len(prog.parts), fmt)
         batch = rows[start : start + rows_per_part]
+        prog.prefill_s += commit.batch_prefill_s(batch)
         if fmt == "parquet":
             pq.write_table(to_table(batch, save_scores), out / name)
         else:
@@ -103,12 +104,21 @@ def test_summary_labels_keep_rates_and_weighs_the_speculator_against_what_it_sav
     assert ("tokens     450 prompt -> 140 kept: prefill work saved 310 tokens (68.9%), at the cost of speculator 2.0 s "
             "(16.0% of wall time)") in lines
     assert ("           the speculator cost more than it saved: 2.0 s of speculation vs about 1.1 s of base prefill saved "
-            "(base s per kept token x dropped tokens)") in lines, res.output
+            "(extrapolated: base s per kept token x dropped tokens)") in lines, res.output
     assert "keep rate  by tokens 31.1% (kept / prompt tokens over all rows)" in lines
     assert "           by rows: mean 40.0%, min 10.0%, p10 13.0%, p50 25.0%, p90 79.0%, max 100.0%" in lines
     assert ("time       wall 12.5 s, 36 prompt tokens/s; speculator 2.0 s, base prefill 0.5 s "
-            "(summed over rows and batches)") in lines
+            "(summed over batches, each once)") in lines
     assert any(line.startswith("config     model ") and ", speculator self:2, engine hf" in line for line in lines)
+
+
+def test_prefill_time_of_an_older_manifest_is_labelled_an_estimate(known_run):
+    doc = json.loads((known_run / "manifest.json").read_text())
+    del doc["shards"]["0"]["prefill_s"]  # written before the manifest counted it per batch
+    (known_run / "manifest.json").write_text(json.dumps(doc))
+    res = CliRunner().invoke(app, ["inspect", str(known_run), "--width", "200"])
+    assert ("time       wall 12.5 s, 36 prompt tokens/s; speculator 2.0 s, base prefill 0.5 s "
+            "(estimated from the rows: each row holds its batch's time)") in [l.rstrip() for l in res.output.splitlines()]
 
 
 def test_speculator_is_shown_by_its_resolved_name(tmp_path, tiny_dir):

@@ -59,7 +59,7 @@ def test_openai_round_trip(tmp_path, tiny_dir, batch_file, capsys):
     out = tmp_path / "out"
     code, stdout, err = cli(argv(batch_file, out, tiny_dir, "--output-format", "openai", "--keep", "0.3"), capsys)
     assert code == 0, err
-    assert "done: 5 rows (1 failed)" in stdout
+    assert "done: 5 rows (1 failed: " in stdout
     lines = responses(out)
     side = side_rows(out)
     assert [x["custom_id"] for x in lines] == [r["custom_id"] for r in requests()], "one response per request, in order"

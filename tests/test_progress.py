@@ -93,8 +93,10 @@ def test_json_lines(capsys):
     p.update(batch())
     p.close()
     docs = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
-    assert [d["event"] for d in docs] == ["batch", "progress"]
+    assert [d["event"] for d in docs] == ["batch", "failed_row", "progress"]
     assert docs[0]["message"].startswith("scored 300 tokens") and docs[0]["kept_tokens"] == 75
+    failed = docs.pop(1)
+    assert (failed["level"], failed["message"]) == ("WARNING", f"failed row {failed['id']!r}: {failed['error']}")
     assert docs[1]["rows"] == 4 and docs[1]["total"] == 4 and docs[1]["failed"] == 1 and docs[1]["kept_pct"] == 25.0
     assert docs[1]["level"] == "INFO" and docs[1]["logger"] == "spcli" and "time" in docs[1]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -372,7 +373,14 @@ def test_rerun_of_a_finished_directory_and_a_resumed_run_say_where_they_stand(tm
     code, out_text, err = cli(argv(src, out, tiny_dir, "--keep", "0.3"), capsys)
     assert code == 0, err
     assert f"INFO resuming: 2 of 6 rows done, shard {src} at row 2\n" in err
-    assert out_text.startswith("done: 6 rows (0 failed), prompt tokens ")
-    assert " s (this run: 4 rows); outputs in " in out_text
+    rows = read_outputs(out)
+    total = (sum(r["num_prompt_tokens"] for r in rows), sum(r["num_kept_tokens"] for r in rows))
+    late = (sum(r["num_prompt_tokens"] for r in rows[2:]), sum(r["num_kept_tokens"] for r in rows[2:]))
+    pct = lambda t: f"{100 * t[1] / t[0]:.1f}%"
+    assert re.fullmatch(
+        rf"done: 6 rows in total \(0 failed\), prompt tokens {total[0]}, kept {total[1]} \({pct(total)}\); "
+        rf"this run: 4 new rows, prompt tokens {late[0]}, kept {late[1]} \({pct(late)}\), \d+\.\d s; outputs in {out}\n",
+        out_text), out_text
+    assert f"kept {pct(late)}, failed 0" in err, "the progress line's keep percentage is the done line's"
     code, out_text, err = cli(argv(src, out, tiny_dir, "--keep", "0.3"), capsys)
     assert (code, out_text, err) == (0, f"nothing to do: 6 rows already done; outputs in {out}\n", "")

@@ -51,7 +51,7 @@ def wait_for_marker(proc: subprocess.Popen, log: Path, count: int = 1, timeout: 
 def resume_and_check(args: list[str], out: Path) -> None:
     res = CliRunner().invoke(app, ["run", *args])
     assert res.exit_code == 0, res.output
-    assert f"done: {NUM_ROWS} rows (0 failed)" in res.output
+    assert f"done: {NUM_ROWS} rows in total (0 failed), " in res.output  # resumed: totals, then this run's
     rows = read_outputs(out)
     assert sorted(r["id"] for r in rows) == sorted(f"s{i}" for i in range(NUM_ROWS))
     assert not (out / ".lock").exists()

@@ -57,9 +57,29 @@ def test_dry_run_prints_a_valid_script_and_writes_nothing(tmp_path, shards):
     assert 'scontrol requeue "$job"' in script
     (srun,) = [line for line in lines if line.startswith("srun ")]
     assert shlex.split(srun.removesuffix(" &")) == [
-        "srun", "--ntasks=1", str(os.path.join(os.path.dirname(sys.executable), "spcli")), "run",
+        "srun", "--ntasks=1", "--cpus-per-task=32", str(os.path.join(os.path.dirname(sys.executable), "spcli")), "run",
         str(tmp_path / "data"), "--out", str(out), "--keep", "0.2", "--model", "llama-70b", "--engine", "vllm"]
     assert "3 task(s) over 3 shard(s)" in res.stderr
+
+
+@pytest.mark.parametrize("run_args, gres, cpus", [
+    ([], None, 8),  # the default smollm2-135m runs on a CPU
+    (["--model", "smollm2-135m", "--engine", "vllm"], None, 8),
+    (["--model", "llama-8b"], "gpu:1", 4),
+    (["--model", "llama-70b"], "gpu:1", 4),  # the hf engine runs on one device
+    (["--model", "llama-70b", "--engine", "vllm"], "gpu:8", 32),
+    (["--model", "llama-405b-fp8", "--engine", "vllm", "--tp", "4"], "gpu:4", 16),
+    (["--model", "llama-8b", "--device", "cpu"], None, 8),
+])
+def test_gpus_and_cpus_per_task_default_to_what_the_model_and_engine_need(tmp_path, shards, run_args, gres, cpus):
+    res = submit(str(shards[0]), "--out", str(tmp_path / "out"), "--dry-run", "--", *run_args)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert [line for line in lines if line.startswith("#SBATCH --gres")] == ([f"#SBATCH --gres=gpu:{gres[4:]}"] if gres else [])
+    assert f"#SBATCH --cpus-per-task={cpus}" in lines
+    res = submit(str(shards[0]), "--out", str(tmp_path / "out"), "--dry-run", "--gpus-per-task", "2",
+                 "--cpus-per-task", "3", "--", *run_args)
+    assert "#SBATCH --gres=gpu:2" in res.stdout.splitlines() and "#SBATCH --cpus-per-task=3" in res.stdout.splitlines()
 
 
 @pytest.mark.parametrize("run_args, message", [

@@ -163,7 +163,7 @@ def test_keep_one_equals_plain_vllm_generation(shared_engine, tmp_path, smollm2_
     jl = write_jsonl(tmp_path / "in.jsonl", [*rows, {"id": "bad", "prompt": 7}, {"id": "long", "prompt": "word " * 9000}])
     code, output, exc = spcli_run(str(jl), "--out", str(tmp_path / "out"), "--engine", "vllm", *COMMON, "--keep", "1.0")
     assert code == 0, (output, exc)
-    assert "done: 8 rows (2 failed)" in output
+    assert "done: 8 rows (2 failed: " in output
     got = read_rows(tmp_path / "out")
     assert "field 'prompt' must be a string" in got["bad"]["error"]
     assert "use --truncate left|middle" in got["long"]["error"]
@@ -251,7 +251,7 @@ def test_resume_after_sigterm_to_the_process_group(pruned_run, shared_engine, ch
 
     code, output, exc = spcli_run(*args)  # resume, in this process, on the shared engine
     assert code == 0, (output, exc)
-    assert "done: 6 rows (0 failed)" in output
+    assert "done: 6 rows in total (0 failed), " in output
     rows = read_rows(out)
     assert rows.keys() == pruned_run.keys()
     for rid, row in rows.items():

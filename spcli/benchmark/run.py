@@ -24,6 +24,7 @@ from spcli.benchmark.qps import CostModel, max_qps
 from spcli.benchmark.stages import Timing, as_text, make_prompts, run_full, run_spec
 from spcli.engine import load
 from spcli.engine.load import ModelStack
+from spcli.engine.select import is_over_budget
 from spcli.profiles import resolve
 
 
@@ -45,6 +46,7 @@ def summarize(cfg: BenchConfig, length: int, keep: float, full: list[Timing], sp
     stages = {k: min(getattr(t, k) for t in spec) for k in ("speculate_s", "prefill_s")}
     return {
         **extra, "keep": keep, "length": length, "batch": batch, "kept_fraction": kept,
+        "is_over_budget": is_over_budget(length, cfg.select, keep),  # the forced tokens exceed ceil(keep x length)
         "ttft_full_s": ttft_full, "ttft_spec_s": ttft_spec, "speedup": speedup, "limit": limit,
         "efficiency": speedup / limit, "speculator_share": spec_share,
         "stages": stages, "stage_share_of_ttft": {k: v / ttft_spec for k, v in stages.items()},
@@ -110,7 +112,8 @@ def text_table(results: list[dict]) -> str:
     rows = [head]
     for r in results:
         sh = r["stage_share_of_ttft"]
-        rows.append([str(r["length"]), str(r["batch"]), f"{r['keep']:.2f}", f"{100 * r['kept_fraction']:.1f}",
+        over = "!" if r.get("is_over_budget") else ""
+        rows.append([str(r["length"]), str(r["batch"]), f"{r['keep']:.2f}", f"{100 * r['kept_fraction']:.1f}{over}",
                      f"{r['ttft_full_s']:.3f}", f"{r['ttft_spec_s']:.3f}", f"{r['speedup']:.2f}x", f"{r['limit']:.2f}x",
                      f"{100 * r['efficiency']:.0f}", f"{100 * sh['speculate_s']:.0f}",
                      f"{100 * sh['prefill_s']:.0f}", f"{r['throughput_full']:.2f}", f"{r['throughput_spec']:.2f}",
@@ -124,6 +127,9 @@ def text_table(results: list[dict]) -> str:
         ratios = {r["length"]: (r["flop_ratio_pair"], r["flop_ratio_8b_405b"]) for r in results}
         title += "; FLOP ratio speculator/base (8B/405B): " + ", ".join(
             f"{a:.4f} ({b:.4f}) at {n}" for n, (a, b) in ratios.items())
+    if any(r.get("is_over_budget") for r in results):
+        lines.append("kept%!: the forced first/last tokens (--keep-first + --keep-last) exceed ceil(keep x length): only "
+                     "they were kept, so the keep asked for is not what ran and nothing is being compared at it")
     return title + "\n" + "\n".join(lines)
 
 

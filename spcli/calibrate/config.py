@@ -19,7 +19,7 @@ class CalibrateConfig:
     samples: int = 8  # examples per task and length
     keeps: tuple[float, ...] = (0.1, 0.2)  # the target must hold at every one
     windows: tuple[int, ...] = (16, 32, 64)  # observation windows W (last W prompt queries, causal)
-    target: float = 0.95  # mean fact-token recall each task must reach at each keep
+    target_recall: float = 0.95  # mean fact-token recall each task must reach at each keep
     pools: tuple[int, ...] = ()  # average-pool kernels swept; () = the model's one (spcli.profiles)
     chunks: tuple[int, ...] = ()  # selection chunks swept; () = the model's one
     paper: bool = True  # also score the paper's recipe (every layer, look-ahead 8) for reference
@@ -39,7 +39,7 @@ class CalibrateConfig:
         _check(bool(self.keeps) and all(0.0 < k < 1.0 for k in self.keeps), f"--keep values must be in (0, 1), got {self.keeps}")
         _check(bool(self.windows) and all(w >= 1 for w in self.windows), f"--windows must be >= 1, got {self.windows}")
         _check(len(set(self.windows)) == len(self.windows), f"--windows has repeats: {self.windows}")
-        _check(0.0 < self.target <= 1.0, f"--target must be in (0, 1], got {self.target}")
+        _check(0.0 < self.target_recall <= 1.0, f"--target-recall must be in (0, 1], got {self.target_recall}")
         _check(all(p >= 1 and p % 2 == 1 for p in self.pools), f"--pool values must be odd numbers >= 1, got {self.pools}")
         _check(all(c >= 1 for c in self.chunks), f"--chunk values must be >= 1, got {self.chunks}")
         _check(len(set(self.pools)) == len(self.pools) and len(set(self.chunks)) == len(self.chunks),

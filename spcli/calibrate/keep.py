@@ -26,7 +26,7 @@ from spcli.config import (AUTO, DTYPES, SPECULATOR_CHUNK, FieldConfig, GenerateC
 from spcli.engine import hf_pass, load
 from spcli.engine.prepare import prepare
 from spcli.engine.request import Generation, PrunedRequest
-from spcli.engine.select import is_pruned, select_tokens
+from spcli.engine.select import budget, is_pruned, select_tokens
 from spcli.errors import InputError, RecordError
 from spcli.evaluate import metrics
 from spcli.io.outdir import make_out_dir
@@ -42,7 +42,7 @@ class KeepForConfig:
     out: str = "out/calibrate"
     model: str = "smollm2-135m"
     speculator: str | None = None
-    sample: int = 32  # records drawn (seeded) from all of INPUT
+    samples: int = 32  # records drawn (seeded) from all of INPUT
     keeps: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5)  # fixed rates swept; `auto` is always swept too
     target_agreement: float | None = None  # mean EM16 to reach; the default target when neither is given: 0.9
     target_kl: float | None = None  # mean first-token KL to stay under
@@ -59,7 +59,7 @@ class KeepForConfig:
 
     def __post_init__(self) -> None:
         _check(bool(self.inputs), "--keep-for needs INPUT files, globs or directories")
-        _check(self.sample >= 1, f"--sample must be >= 1, got {self.sample}")
+        _check(self.samples >= 1, f"--samples must be >= 1, got {self.samples}")
         _check(bool(self.keeps) and all(0.0 < k < 1.0 for k in self.keeps), f"--keep values must be in (0, 1), got {self.keeps}")
         _check(self.target_agreement is None or self.target_kl is None, "give --target-agreement or --target-kl, not both")
         _check(self.target_agreement is None or 0.0 < self.target_agreement <= 1.0,
@@ -83,20 +83,22 @@ class KeepForConfig:
         return dataclasses.asdict(self)
 
 
-def sample_records(cfg: KeepForConfig) -> tuple[list[Record], int]:
+def sample_records(cfg: KeepForConfig, skipped: list[str] | None = None) -> tuple[list[Record], int]:
     """A seeded uniform sample (reservoir) of the valid records of every shard, in input order; and how
-    many valid records there were."""
+    many valid records there were. The bad records' errors (file:line: why) go to `skipped`."""
     rng = random.Random(cfg.seed)
     chosen: list[Record] = []
     seen = 0
     for shard in discover(cfg.inputs):
         for rec in read_records(shard, cfg.fields):
             if rec.error is not None:
+                if skipped is not None:
+                    skipped.append(rec.error)
                 continue
             seen += 1
-            if len(chosen) < cfg.sample:
+            if len(chosen) < cfg.samples:
                 chosen.append(rec)
-            elif (j := rng.randrange(seen)) < cfg.sample:
+            elif (j := rng.randrange(seen)) < cfg.samples:
                 chosen[j] = rec
     if not chosen:
         raise InputError(f"{', '.join(cfg.inputs)}: no valid records to calibrate on")
@@ -166,7 +168,9 @@ def summarize(rows: list[dict], cfg: KeepForConfig) -> list[dict]:
     out = []
     for policy in cfg.policies:
         group = [r for r in rows if r["policy"] == policy]
+        at_max = sum(r["is_pruned"] and r["num_kept"] == budget(r["num_prompt_tokens"], cfg.select.keep_max) for r in group)
         out.append({"policy": policy, "n": len(group), "num_pruned": sum(r["is_pruned"] for r in group),
+                    "num_at_keep_max": at_max if policy == AUTO else 0,
                     "kept_fraction": ci([r["num_kept"] / r["num_prompt_tokens"] for r in group]),
                     **{m: ci([r[m] for r in group]) for m in ("first_token", "prefix_match", "kl")}})
     return out
@@ -178,10 +182,25 @@ def meets(entry: dict, target: tuple[str, float]) -> bool:
     return mean <= value if metric == "kl" else mean >= value
 
 
-def recommend(summary: list[dict], cfg: KeepForConfig) -> dict | None:
-    """The policy meeting the target with the smallest mean kept fraction (None when none does)."""
-    ok = [e for e in summary if meets(e, cfg.target)]
+def recommend(summary: list[dict], cfg: KeepForConfig, target: tuple[str, float] | None = None) -> dict | None:
+    """The policy meeting the target (default: cfg's) with the smallest mean kept fraction (None when none does)."""
+    ok = [e for e in summary if meets(e, target or cfg.target)]
     return min(ok, key=lambda e: (e["kept_fraction"]["mean"], e["policy"] == AUTO)) if ok else None
+
+
+DEFAULT_TARGET_KL = 0.05  # the KL line of the recommendations when --target-kl is not given
+
+
+def closest(summary: list[dict], cfg: KeepForConfig) -> list[dict]:
+    """Per criterion (EM16 >= --target-agreement, KL <= --target-kl): the smallest policy meeting it, else the
+    policy nearest to it (the best mean); each with its `spcli run` flags."""
+    out = []
+    for metric, value in (("prefix_match", cfg.target_agreement or 0.9), ("kl", cfg.target_kl or DEFAULT_TARGET_KL)):
+        best = recommend(summary, cfg, (metric, value))
+        nearest = best or (min if metric == "kl" else max)(summary, key=lambda e: e[metric]["mean"])
+        out.append({"metric": metric, "value": value, "is_met": best is not None, "policy": nearest["policy"],
+                    "mean": nearest[metric]["mean"], "flags": run_flags(cfg, nearest["policy"])})
+    return out
 
 
 def run_flags(cfg: KeepForConfig, policy: float | str) -> str:
@@ -204,7 +223,8 @@ def run_keep(cfg: KeepForConfig, log=print) -> dict:
 
     out = make_out_dir(cfg.out)
     t_start = time.perf_counter()
-    records, num_valid = sample_records(cfg)
+    skipped: list[str] = []
+    records, num_valid = sample_records(cfg, skipped)
     stack = load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device)
     resolved = resolve(cfg, cfg.model, stack.path, stack.speculator_name)  # cfg keeps the user's flags for run_flags
     score = resolved.score
@@ -220,6 +240,7 @@ def run_keep(cfg: KeepForConfig, log=print) -> dict:
         "target": {"metric": metric, "value": value}, "summary": summary,
         "recommended": None if best is None else best["policy"],
         "flags": None if best is None else run_flags(cfg, best["policy"]),
+        "closest": closest(summary, cfg), "skipped": skipped,
         "wall_s": time.perf_counter() - t_start, "rows": rows,
     }
     write_json(out / "results.json", results)

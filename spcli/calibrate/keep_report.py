@@ -40,11 +40,45 @@ def text_table(results: dict) -> str:
             lines.append("  ".join("-" * w for w in widths))
     if results["errors"]:
         lines.append(f"{len(results['errors'])} sampled record(s) could not be prepared, e.g. {results['errors'][0]}")
+    lines += notes(results)
+    lines += [closest_line(c) for c in results["closest"]]
     if results["recommended"] is None:
         lines.append(f"no keep in the sweep meets {label}: use --keep 1.0 (full prefill), or sweep higher --keep values")
     else:
         lines.append(f"recommended (smallest kept fraction meeting {label}): {results['flags']}")
     return "\n".join(lines)
+
+
+def notes(results: dict) -> list[str]:
+    """What limits the sweep: bad records skipped, too few samples, auto capped by --keep-max."""
+    from spcli.evaluate.report import MIN_N
+
+    out = []
+    skipped = results.get("skipped", [])
+    if skipped:
+        more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        out.append(f"skipped {len(skipped)} bad record(s): " + "; ".join(skipped[:3]) + more)
+    n = results["num_sampled"]
+    if n < MIN_N:
+        out.append(f"warning: {n} sampled records: 95% bootstrap CIs from fewer than {MIN_N} are rough and wide; "
+                   "raise --samples (on more records) before choosing by them")
+    select = results["config"]["select"]
+    for e in results["summary"]:
+        if e["policy"] == "auto" and e.get("num_at_keep_max"):
+            out.append(f"keep auto kept --keep-max {select['keep_max']:g} on {e['num_at_keep_max']} of {e['num_pruned']} "
+                       f"pruned prompts: --keep-mass {select['keep_mass']:g} needs more there; raise --keep-max or "
+                       "lower --keep-mass")
+    return out
+
+
+def closest_line(c: dict) -> str:
+    """One criterion's closest keep, as `spcli run` flags."""
+    name, flag, digits = ("EM16 >=", "--target-agreement", 2) if c["metric"] == "prefix_match" else ("KL <=", "--target-kl", 3)
+    head = f"{name} {c['value']:g} ({flag} {c['value']:g}): "
+    value = f"{name.split()[0]} {c['mean']:.{digits}f}"
+    if c["is_met"]:
+        return head + f"keep {c['policy']} meets it ({value}): {c['flags']}"
+    return head + f"not met in the sweep; closest keep {c['policy']} ({value}): {c['flags']}; --keep 1.0 is full prefill"
 
 
 def plot(results: dict, out_dir: Path) -> Path:

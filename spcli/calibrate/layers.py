@@ -223,7 +223,7 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     if not recall:
         raise SpcliError("no prompt had a fact whose tokens could be located; use tasks with needles (niah, niah-multi, multidoc-qa)")
     costs = np.median(np.array(fractions), axis=0).tolist()  # per layer; monotone like each pass's marks
-    choice = recommend(recall, costs, settings, cfg.target)
+    choice = recommend(recall, costs, settings, cfg.target_recall)
     results = {
         "config": cfg.to_dict(), "model_path": str(m.path), "speculator": m.speculator_name, "scoring": m.scoring,
         "num_layers": num_layers,
@@ -243,7 +243,7 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
                  "chunk": choice.chunk}
         chosen = report.cell(recall, choice.layer, settings.index(Setting(choice.window, choice.pool, choice.chunk)),
                              cfg.keeps)
-        evidence = {"choice": results["choice"], "recall": chosen, "costs": costs, "target": cfg.target,
+        evidence = {"choice": results["choice"], "recall": chosen, "costs": costs, "target": cfg.target_recall,
                     "tasks": list(recall), "lengths": list(cfg.lengths), "samples": cfg.samples, "seed": cfg.seed,
                     "results": str(out.resolve() / "results.json")}
         results["profile"] = str(profiles.write_profile(m.path, m.speculator_name, score, evidence))

@@ -81,7 +81,7 @@ def text_table(results: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    target = results["config"]["target"]
+    target = results["config"]["target_recall"]
     verdict = (f"meets the target {target} on every task at every keep" if choice["meets_target"] else
                f"is BELOW the target {target}: no configuration reaches it on every task at every keep; this one has "
                "the best worst-case recall")
@@ -117,7 +117,7 @@ def plot(results: dict, path: Path) -> Path:
                      for e in results["grid"] if all(e[k] == s[k] for k in SETTING)]
             ax.plot(layers, worst, marker=MARKERS[i % len(MARKERS)], ms=3,
                     label=f"W{s['window']} pool {s['pool']} chunk {s['chunk']}" if len(settings) > 1 else f"window {s['window']}")
-        ax.axhline(results["config"]["target"], color="k", ls="--", lw=1, label="target")
+        ax.axhline(results["config"]["target_recall"], color="k", ls="--", lw=1, label="target")
         choice = results["choice"]
         ax.axvline(choice["layer"], color="tab:red", ls=":", lw=1,
                    label=f"choice: layer {choice['layer']}, W{choice['window']} pool {choice['pool']} chunk {choice['chunk']}")

@@ -19,19 +19,18 @@ def register(app: typer.Typer) -> None:
         speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self / self:K; its layers are swept. Default: the model's.")] = None,
         tasks: Annotated[str, typer.Option(help="Built-in tasks, comma-separated (their fact sentences are the needles).")] = "niah,niah-multi,multidoc-qa",
         lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "2048,4096",
-        samples: Annotated[int, typer.Option(help="Prompts per task and length.")] = 8,
+        samples: Annotated[Optional[int], typer.Option(help="Prompts per task and length; with --keep-for: records drawn from INPUT (seeded, uniform). Default: 8; with --keep-for 32.", show_default=False)] = None,
         keep: Annotated[Optional[str], typer.Option(help="Keep rates, comma-separated; the target must hold at each. With --keep-for: the rates swept (auto too). Default: 0.1,0.2; with --keep-for 0.05,0.1,0.2,0.3,0.5.", show_default=False)] = None,
         windows: Annotated[str, typer.Option(help="Observation windows W (the last W prompt queries, causal), comma-separated.")] = "16,32,64",
-        target: Annotated[float, typer.Option(help="Mean fact-token recall every task must reach at every keep.")] = 0.95,
+        target_recall: Annotated[float, typer.Option(help="Mean fact-token recall every task must reach at every keep.")] = 0.95,
         pool: Annotated[Optional[str], typer.Option(help="Average-pool kernels over token scores (odd), comma-separated: each is swept. --keep-for: one, as `spcli run --pool`. Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
         chunk: Annotated[Optional[str], typer.Option(help="Selection chunks in tokens, comma-separated: each is swept. --keep-for: one, as `spcli run --chunk`. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
-        paper: Annotated[bool, typer.Option("--paper/--no-paper", help="Also score the paper's recipe (every layer, look-ahead 8) for reference.")] = True,
-        out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json, calibrate.png.")] = "out/calibrate",
-        write_profile: Annotated[bool, typer.Option(help="Store the choice as this model's profile: `spcli run` uses it where flags leave window, look-ahead, layers, pool and chunk unset.")] = False,
+        no_paper: Annotated[bool, typer.Option("--no-paper", help="Do not also score the paper's recipe (every layer, look-ahead 8), the reference row.")] = False,
+        out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json and calibrate.png; with --keep-for: results.json and keep_fidelity.png. (--write-profile writes the profile to ~/.cache/spcli/profiles/ or $SPCLI_CACHE/profiles/, not here.)")] = "out/calibrate",
+        write_profile: Annotated[bool, typer.Option("--write-profile", help="Store the choice as this model's profile: `spcli run` uses it where flags leave window, look-ahead, layers, pool and chunk unset.")] = False,
         dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         seed: Annotated[int, typer.Option(help="Seed of the built-in tasks (with --keep-for: of the sample).")] = 0,
-        sample: Annotated[int, typer.Option(help="--keep-for: records drawn from INPUT (seeded, uniform).")] = 32,
         target_agreement: Annotated[Optional[float], typer.Option(help="--keep-for: mean agreement of the first 16 greedy tokens with full prefill to reach (default 0.9).", show_default=False)] = None,
         target_kl: Annotated[Optional[float], typer.Option(help="--keep-for: mean first-token KL from full prefill to stay under, instead.", show_default=False)] = None,
         keep_mass: Annotated[float, typer.Option(help="--keep-for: keep auto's mass, as `spcli run --keep-mass`.")] = 0.9,
@@ -45,7 +44,7 @@ def register(app: typer.Typer) -> None:
         prompt_field: Annotated[str, typer.Option(help="--keep-for: input field holding prompt text.")] = "prompt",
         messages_field: Annotated[str, typer.Option(help="--keep-for: input field holding chat messages.")] = "messages",
     ) -> None:
-        """Sweep every speculator layer, window, pool and chunk for fact-token recall and cost; recommend the cheapest that meets --target.
+        """Sweep every speculator layer, window, pool and chunk for fact-token recall and cost; recommend the cheapest that meets --target-recall.
 
         One full speculator pass per prompt scores every (layer, window, pool, chunk, keep); cost(l) is the measured share of the full forward spent up to layer l, what an early-exit speculator (--score-layers l --lookahead 0) pays.
 
@@ -57,7 +56,7 @@ def register(app: typer.Typer) -> None:
         from spcli.evaluate.config import split_list
 
         if keep_for or inputs:
-            return _keep_for(inputs, keep_for, out=out, model=model, speculator=speculator, sample=sample,
+            return _keep_for(inputs, keep_for, out=out, model=model, speculator=speculator, samples=samples or 32,
                              keeps=keep or "0.05,0.1,0.2,0.3,0.5", target_agreement=target_agreement,
                              target_kl=target_kl, seed=seed, dtype=dtype, device=device, pool=_one(pool, "--pool"),
                              speculator_chunk=speculator_chunk,
@@ -66,8 +65,8 @@ def register(app: typer.Typer) -> None:
                              fields=dict(prompt=prompt_field, messages=messages_field))
         cfg = CalibrateConfig(
             out=out, model=model, speculator=speculator, tasks=split_list(tasks, str, "--tasks"),
-            lengths=split_list(lengths, int, "--lengths"), samples=samples, keeps=split_list(keep or "0.1,0.2", float, "--keep"),
-            windows=split_list(windows, int, "--windows"), target=target, paper=paper,
+            lengths=split_list(lengths, int, "--lengths"), samples=samples or 8, keeps=split_list(keep or "0.1,0.2", float, "--keep"),
+            windows=split_list(windows, int, "--windows"), target_recall=target_recall, paper=not no_paper,
             pools=split_list(pool, int, "--pool") if pool else (), chunks=split_list(chunk, int, "--chunk") if chunk else (),
             write_profile=write_profile, dtype=dtype, device=device, seed=seed,
         )

@@ -15,7 +15,7 @@ def _help() -> str:
     columns = "\n\n".join(f"{name}: {text}." for name, text in COLUMN_HELP)
     return ("Compare selectors at each keep rate with full prefill: fidelity, task scores, CIs, plots.\n\n"
             "The table printed (at most 120 columns) shows acc and acc-full as mean with a 95% bootstrap interval "
-            "and the other columns as means; results.json and report.html hold every column with its interval. "
+            "and the other columns as means; results.json (and report.html with --html) holds every column with its interval. "
             f"With fewer than {MIN_N} examples per row a warning says the intervals are too rough to rank by.\n\n"
             "Columns:\n\n" + columns)
 
@@ -23,8 +23,8 @@ def _help() -> str:
 def register(app: typer.Typer) -> None:
     @app.command(name="eval", help=_help())
     def _cmd(
-        inputs: Annotated[Optional[list[str]], typer.Argument(help="JSONL/Parquet shards (optional `answer` field: string or list).")] = None,
-        out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json, PNG plots, report.html.")] = "out/eval",
+        inputs: Annotated[Optional[list[str]], typer.Argument(metavar="INPUT", help="JSONL/Parquet shards (optional `answer` field: string or list).", show_default=False)] = None,
+        out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json, quality_<task>.png and speedup_<task>.png; report.html with --html.")] = "out/eval",
         task: Annotated[Optional[list[str]], typer.Option(help="Built-in task (repeat or comma-separate): niah, niah-multi, kv-retrieval, var-tracking, multidoc-qa, niah-scatter.")] = None,
         lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens for built-in tasks, comma-separated.")] = "2048",
         model: Annotated[str, typer.Option(help="Base model name, local folder, GGUF file or cached HF id.")] = "smollm2-135m",
@@ -69,6 +69,6 @@ def register(app: typer.Typer) -> None:
             score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool),
         )
         results = run_eval(cfg, log=lambda msg: typer.echo(msg, err=True))
-        typer.echo(text_table(results["summary"]))
+        typer.echo(text_table(results["summary"], html))
         if results["matched"]:
             typer.echo("\n" + matched_table(results["matched"]))

@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Argument(metavar="DIR", help="Output directory of `spcli run`.", show_default=False)],
         row_id: Annotated[Optional[str], typer.Option("--id", metavar="ID", help="Show the row with this id.")] = None,
         row: Annotated[Optional[int], typer.Option(metavar="N", help="Show the N-th row of the outputs (0-based, in input order).")] = None,
+        failed: Annotated[bool, typer.Option("--failed", help="List every failed row: its id, then where and why (redo them with `spcli run ... --retry-failed`).")] = False,
         html: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Write a self-contained HTML report (opens offline): the row, or the first --limit rows with a search box.")] = None,
         limit: Annotated[int, typer.Option(metavar="N", help="Rows listed by --html and --compare.")] = 50,
         compare: Annotated[Optional[Path], typer.Option(metavar="DIR2", help="Another run's output directory: outputs side by side, whether they match, tokens kept in one and not the other.")] = None,
@@ -45,6 +46,11 @@ def register(app: typer.Typer) -> None:
         if limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {limit}")
         run = load_run(out)
+        if failed:
+            t = run.table(["id", "error"])
+            lines = [f"{i}\t{e}" for i, e in zip(t.column("id").to_pylist(), t.column("error").to_pylist()) if e is not None]
+            typer.echo("\n".join(lines) if lines else f"no failed rows in {out}")
+            return
         other = load_run(compare) if compare is not None else None
         console = terminal.make_console(width, color, no_color=color is False)
         if row is not None:

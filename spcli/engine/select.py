@@ -118,3 +118,13 @@ def select_tokens(importance: torch.Tensor, cfg: SelectConfig, keep: float | str
         if remaining == 0:
             break
     return kept.nonzero().flatten()
+
+
+def is_over_budget(n: int, cfg: SelectConfig, keep: float | str | None = None) -> bool:
+    """The forced first/last tokens alone exceed the budget (ceil(keep * n); at keep = auto, its most:
+    ceil(keep_max * n)), so only they are kept and the rate asked for cannot be met."""
+    keep = cfg.keep if keep is None else keep
+    if not is_pruned(n, cfg, keep):
+        return False
+    num_forced = min(n, cfg.keep_first + cfg.keep_last)
+    return num_forced > budget(n, cfg.keep_max if keep == AUTO else keep)

@@ -20,6 +20,7 @@ import torch
 from spcli.engine import hf_pass, load
 from spcli.engine.load import ModelStack
 from spcli.engine.request import Generation, PrunedRequest
+from spcli.engine.select import is_over_budget
 from spcli.engine.tokenize import cross_tokenize, tokenize
 from spcli.evaluate import metrics
 from spcli.evaluate.config import EvalConfig, policy_order, policy_select
@@ -67,7 +68,7 @@ def _row(example, selector, keep, n, kept, gen: Generation, ref: Generation, tex
     has_answers = bool(example.answers)
     return {
         "id": example.id, "task": example.task, "num_prompt_tokens": n, "selector": selector, "keep": keep,
-        "num_kept": int(kept.numel()),
+        "num_kept": int(kept.numel()), "is_over_budget": is_over_budget(n, *policy_select(cfg.select, keep)),
         "first_token": metrics.first_token_agrees(ref.token_ids, gen.token_ids),
         "prefix_match": metrics.prefix_matches(ref.token_ids, gen.token_ids, cfg.compare_tokens),
         "kl": metrics.kl_divergence(ref.first_logprobs, gen.first_logprobs),

@@ -28,7 +28,7 @@ COLUMNS = (  # header, how to read it from a summary entry[, digits]
 # The terminal table (fits 120 columns): CIs for accuracy and its paired difference, means for the rest;
 # every column with its CI is in results.json, report.html and markdown_table.
 COMPACT = ("acc", "acc-full", "EM16", "KL", "needle kept", "overlap/spec", "speedup")
-SHORT = {"needle kept": "needle", "overlap/spec": "overlap"}
+SHORT = {"needle kept": "needle", "overlap/spec": "overlap", "speedup": "speedup*"}
 MIN_N = 30  # fewer examples per row: bootstrap CIs are too rough to compare selectors by
 COLUMN_HELP = (  # README and `spcli eval --help` explain the columns in these words
     ("selector", "how tokens were chosen: full (full prefill, the reference), specprefill, random, recency, "
@@ -43,7 +43,8 @@ COLUMN_HELP = (  # README and `spcli eval --help` explain the columns in these w
     ("KL", "KL divergence of the first-token distribution from full prefill's (0 = identical)"),
     ("needle", "fraction of the needle's tokens kept (built-in tasks)"),
     ("overlap", "Jaccard overlap of the kept set with specprefill's at the same keep"),
-    ("speedup", "full-prefill TTFT / this selector's TTFT (speculator included)"),
+    ("speedup", "full-prefill TTFT / this selector's TTFT (speculator included), estimated from this eval's stage "
+                "times (marked speedup* in the table; spcli bench measures it)"),
 )
 
 MARKERS = ("o", "s", "^", "v", "D", "x")
@@ -65,7 +66,8 @@ def table_rows(summary: list[dict], task: str, compact: bool = False) -> list[li
         if e["keep"] == 1.0 and e["selector"] != "full":
             continue  # identical to full prefill (every token kept); kept in results.json and the plots
         with_ci = not compact or columns is COLUMNS
-        rows.append([e["selector"], policy_label(e["keep"]), str(e["n"]), f"{100 * e['kept_fraction']['mean']:.1f}"]
+        over = "!" if e.get("num_over_budget") else ""
+        rows.append([e["selector"], policy_label(e["keep"]), str(e["n"]), f"{100 * e['kept_fraction']['mean']:.1f}{over}"]
                     + [fmt(col[1](e), *col[2:]) if with_ci or col[0] in ("acc", "acc-full") else fmt_mean(col[1](e), *col[2:])
                        for col in columns])
     return rows
@@ -80,7 +82,7 @@ def headers(compact: bool = False) -> list[str]:
     return ["selector", "keep", "n", "kept%"] + [SHORT.get(n, n) if compact else n for n in names]
 
 
-def text_table(summary: list[dict]) -> str:
+def text_table(summary: list[dict], html: bool = False) -> str:
     """Per task: the compact table (at most 120 columns), then a warning when n is too small for the CIs."""
     out = []
     for task in dict.fromkeys(e["task"] for e in summary):
@@ -97,7 +99,15 @@ def text_table(summary: list[dict]) -> str:
     if summary and smallest < MIN_N:
         out.append(f"warning: n = {smallest} examples per row: 95% bootstrap CIs from fewer than {MIN_N} examples are rough")
         out.append("         and wide; raise --samples before ranking selectors by them")
-    out.append("every column with its CI: results.json and report.html (--html); columns: spcli eval --help")
+    over = [e for e in summary if e.get("num_over_budget")]
+    if over:
+        most = max(over, key=lambda e: e["num_over_budget"] / e["n"])
+        out.append(f"kept%!: in {len(over)} row(s) (up to {most['num_over_budget']} of {most['n']} examples) the forced "
+                   "first/last tokens (--keep-first + --keep-last) exceed ceil(keep x n): the selectors keep only them,")
+        out.append("         so nothing is being compared there; use longer --lengths, a higher --keep or a lower --keep-last")
+    out.append("speedup*: estimated from this eval's stage times, not measured end to end (spcli bench measures it)")
+    written = "results.json and report.html" if html else "results.json (and report.html with --html)"
+    out.append(f"every column with its CI: {written}; columns: spcli eval --help")
     return "\n".join(out)
 
 

@@ -30,6 +30,7 @@ def summarize(rows: list[dict], overlaps: list[dict], num_resamples: int = 2000,
         refs = [full[r["id"]] for r in group]
         entry = {
             "task": task, "selector": selector, "keep": keep, "n": len(group),
+            "num_over_budget": sum(bool(r.get("is_over_budget")) for r in group),  # forced tokens exceed the budget
             "kept_fraction": ci([r["num_kept"] / r["num_prompt_tokens"] for r in group]),
             "prompt_tokens": ci([r["num_prompt_tokens"] for r in group]),
             "metrics": {m: ci([r[m] for r in group]) for m in METRICS},

@@ -49,6 +49,7 @@ class Summary:
     ttft_quantiles: dict[str, float] = field(default_factory=dict)  # p50, p90, p99, max, seconds
     speculate_s: float = 0.0  # summed over rows
     prefill_s: float = 0.0  # base prefill, summed over batches
+    is_prefill_estimated: bool = False  # manifests from before per-batch sums: prefill_s from the rows (batch_seconds)
     wall_s: float = 0.0
     config: dict = field(default_factory=dict)  # model, speculator, keep, lookahead, chunk, pool, ...
     errors: list[ErrorGroup] = field(default_factory=list)  # most frequent first
@@ -140,9 +141,17 @@ def _pending(run: RunOutputs) -> int | None:
     return pending
 
 
+def prefill_seconds(run: RunOutputs) -> tuple[float, bool]:
+    """The base prefill time summed over batches, as the manifests count it at commit (each batch once),
+    and whether it is an estimate instead (batch_seconds, for manifests older than that count)."""
+    if run.shards and all("prefill_s" in s for s in run.shards):
+        return float(sum(s["prefill_s"] for s in run.shards)), False
+    return batch_seconds(run), True
+
+
 def batch_seconds(run: RunOutputs) -> float:
-    """Sum of the base prefill time, which each row stores for its whole batch: one value per run of equal
-    neighbours inside a part (a batch never spans two parts)."""
+    """An estimate of the base prefill time from the rows, which store it for their whole batch: one value
+    per run of equal neighbours inside a part (a batch never spans two parts; two equal batches count once)."""
     import pyarrow as pa
 
     from spcli.inspect.outputs import _read_part
@@ -177,6 +186,7 @@ def summarize(run: RunOutputs) -> Summary:
     ttft = np.asarray(t.column("ttft_s").to_numpy(zero_copy_only=False), dtype=np.float64)[ok]
     ttft = ttft[~np.isnan(ttft)]
     spec = np.asarray(t.column("speculate_s").to_numpy(zero_copy_only=False), dtype=np.float64)
+    prefill_s, is_estimated = prefill_seconds(run)
     bins = np.minimum((keep * KEEP_BINS).astype(np.int64), KEEP_BINS - 1)
     return Summary(
         out=str(run.out), is_finished=run.is_finished, num_rows=t.num_rows, num_failed=int((~ok).sum()),
@@ -188,7 +198,7 @@ def summarize(run: RunOutputs) -> Summary:
         keep_histogram=np.bincount(bins, minlength=KEEP_BINS).tolist(),
         ttft_quantiles=_quantiles(ttft, {"p50": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}),
         speculate_s=float(np.nansum(spec)),
-        prefill_s=batch_seconds(run),
+        prefill_s=prefill_s, is_prefill_estimated=is_estimated,
         wall_s=max((m.get("wall_s", 0.0) for m in run.manifests), default=0.0),
         config=resolved_config(run.config, run.fingerprint_fields),
         errors=group_errors([e for e in error if e is not None]), configs=config_parts(run),

@@ -100,6 +100,9 @@ def row_renderable(view: TokenView, mono: bool, keep_first: int, keep_last: int)
     return Group(*parts)
 
 
+PREFILL_SUM = {False: "summed over batches, each once", True: "estimated from the rows: each row holds its batch's time"}
+
+
 def summary_renderable(s: Summary) -> Table:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
@@ -115,9 +118,9 @@ def summary_renderable(s: Summary) -> Table:
     saved = s.saved_prefill_s
     if saved is not None and s.speculate_s > saved:
         t.add_row("", Text(f"the speculator cost more than it saved: {s.speculate_s:.1f} s of speculation vs about "
-                           f"{saved:.1f} s of base prefill saved (base s per kept token x dropped tokens)", style="yellow"))
+                           f"{saved:.1f} s of base prefill saved (extrapolated: base s per kept token x dropped tokens)", style="yellow"))
     elif saved is not None:
-        t.add_row("", f"about {saved:.1f} s of base prefill saved (base s per kept token x dropped tokens) "
+        t.add_row("", f"about {saved:.1f} s of base prefill saved (extrapolated: base s per kept token x dropped tokens) "
                       f"for {s.speculate_s:.1f} s of speculation")
     q = s.keep_quantiles
     t.add_row("keep rate", f"by tokens {pct(s.keep_by_tokens)} (kept / prompt tokens over all rows)")
@@ -128,7 +131,7 @@ def summary_renderable(s: Summary) -> Table:
         t.add_row("TTFT", ", ".join(f"{k} {v:.3f} s" for k, v in s.ttft_quantiles.items()))
     rate = "-" if s.prompt_tokens_per_s is None else f"{s.prompt_tokens_per_s:.0f}"
     t.add_row("time", f"wall {s.wall_s:.1f} s, {rate} prompt tokens/s; speculator {s.speculate_s:.1f} s, "
-                      f"base prefill {s.prefill_s:.1f} s (summed over rows and batches)")
+                      f"base prefill {s.prefill_s:.1f} s ({PREFILL_SUM[s.is_prefill_estimated]})")
     items = [f"{k} {v}" for k, v in s.config.items()]
     label = "config" if len(s.configs) < 2 else "config (latest)"
     for i, group in enumerate((items[:3], items[3:10], items[10:])):  # models; selection and scoring; the rest

@@ -205,34 +205,42 @@ class Committer:
         return files
 
     def _write_parts(self) -> list[str]:
-        files = self._files(self._next_seq(self.manifest.shards[self.shard]))
-        temps: list[str] = []
-        try:
-            for name, data in files:
-                temps.append(_write_temp(self.out / name, data))
-            for tmp, (name, _) in zip(temps, files):
-                os.replace(tmp, self.out / name)
-            fsync_dir(self.out)
-        except OSError as e:
-            for tmp in temps:
-                _unlink(tmp)
-            raise _write_error(self.out, files[0][0], e) from e
-        except BaseException:
-            for tmp in temps:
-                _unlink(tmp)
-            raise
-        pause = os.environ.get(PAUSE_AFTER_RENAME_ENV)
-        if pause:
-            print(f"spcli-test: renamed {' '.join(n for n, _ in files)}", file=sys.stderr, flush=True)
-            time.sleep(float(pause))
-        return [n for n, _ in files]
+        return write_parts(self.out, self._files(self._next_seq(self.manifest.shards[self.shard])))
+
+
+def write_parts(out: Path, files: list[tuple[str, bytes]]) -> list[str]:
+    """Steps 1 and 2 of the protocol for `files` (name, bytes): temp files, renames, directory fsync.
+    Nothing is committed until the caller replaces the manifest. Returns the names."""
+    temps: list[str] = []
+    try:
+        for name, data in files:
+            temps.append(_write_temp(out / name, data))
+        for tmp, (name, _) in zip(temps, files):
+            os.replace(tmp, out / name)
+        fsync_dir(out)
+    except OSError as e:
+        for tmp in temps:
+            _unlink(tmp)
+        raise _write_error(out, files[0][0], e) from e
+    except BaseException:
+        for tmp in temps:
+            _unlink(tmp)
+        raise
+    pause = os.environ.get(PAUSE_AFTER_RENAME_ENV)
+    if pause:
+        print(f"spcli-test: renamed {' '.join(n for n, _ in files)}", file=sys.stderr, flush=True)
+        time.sleep(float(pause))
+    return [n for n, _ in files]
 
 
 class _Counts:
     def __init__(self):
         self.rows = self.failed = self.prompt_tokens = self.kept_tokens = 0
+        self.prefill_s = 0.0
 
     def add(self, rows: list[RowResult]) -> None:
+        """One batch's rows (each carries its batch's base prefill time: counted once)."""
+        self.prefill_s += batch_prefill_s(rows)
         self.rows += len(rows)
         self.failed += sum(r.error is not None for r in rows)
         self.prompt_tokens += sum(r.num_prompt_tokens for r in rows)
@@ -243,6 +251,12 @@ class _Counts:
         prog.failed += self.failed
         prog.prompt_tokens += self.prompt_tokens
         prog.kept_tokens += self.kept_tokens
+        prog.prefill_s += self.prefill_s
+
+
+def batch_prefill_s(rows: list[RowResult]) -> float:
+    """A batch's base prefill seconds: every row of it without error stores the same value."""
+    return max((r.prefill_s for r in rows if r.error is None), default=0.0)
 
 
 def _write_error(out: Path, name: str, e: OSError) -> OutputError:

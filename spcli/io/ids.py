@@ -85,10 +85,11 @@ class IdIndex:
 
 
 def mark_duplicates(batch: list[Record], ids: IdIndex, paths: dict[int, str]) -> None:
-    """A repeated id makes an error row naming where the id was first seen (the first occurrence is kept)."""
+    """A repeated id makes an error row naming where the id was first seen (the first occurrence is kept).
+    A record seen at its own place before (redone by --retry-failed) is not a repeat."""
     for rec in batch:
         first = ids.setdefault(rec.id, rec.shard, rec.row)
-        if first is not None and rec.error is None:
+        if first is not None and first != (rec.shard, rec.row) and rec.error is None:
             path, first_path = paths[rec.shard], paths.get(first[0], "?")
             rec.error = (f"{where(path, rec.row, shard_kind(path))}: duplicate id {rec.id!r} "
                          f"(first at {where(first_path, first[1], shard_kind(first_path))}); ids must be unique")

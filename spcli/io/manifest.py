@@ -38,6 +38,7 @@ class ShardProgress:
     failed: int = 0  # committed rows with an error
     prompt_tokens: int = 0
     kept_tokens: int = 0
+    prefill_s: float = 0.0  # base prefill seconds, summed over the committed batches (each once)
     total_rows: int | None = None  # records in the shard, when known (Parquet metadata, JSONL count, or done)
     done: bool = False
 
@@ -112,6 +113,22 @@ class Manifest:
         """Committed parts (spcli-schema first) and their rows, made by the latest configuration."""
         self.configs[-1]["parts"].append(names[0])
         self.configs[-1]["rows"] += rows
+
+    def replace_part(self, shard: int, old: str, new: list[str], deltas: dict[str, int]) -> list[str]:
+        """`new` (spcli-schema first, then the OpenAI lines) takes the place of committed part `old`: the same
+        rows, some redone by --retry-failed; the shard's counts change by `deltas`. Returns the names unlisted."""
+        prog = self.shards[shard]
+        i = prog.parts.index(old)
+        gone = [old]
+        prog.parts[i] = new[0]
+        if len(new) > 1:
+            gone.append(prog.openai_parts[i])
+            prog.openai_parts[i] = new[1]
+        for key, delta in deltas.items():
+            setattr(prog, key, getattr(prog, key) + delta)
+        for entry in self.configs:  # the history keeps the rows where they were, under the new name
+            entry["parts"] = [new[0] if p == old else p for p in entry["parts"]]
+        return gone
 
     def committed_parts(self) -> set[str]:
         return {p for s in self.shards.values() for p in (*s.parts, *s.openai_parts)}

@@ -59,7 +59,23 @@ class Plan:
     warnings: tuple[str, ...]
 
 
-def check_run_args(run_command, inputs: list[str], out: Path, run_args: list[str]) -> None:
+CPUS_PER_CPU_TASK = 8  # torch's threads for a model that runs on the CPU
+CPUS_PER_GPU = 4  # a GPU's worker process, its tokenizer and data loading
+
+
+def task_resources(cfg: RunConfig) -> tuple[int, int]:
+    """GPUs and CPUs a task of `cfg` asks for by default: no GPU for a CPU model (smollm2-135m) or
+    --device cpu; the tensor-parallel size (--tp, else the preset's) for --engine vllm; else one."""
+    from spcli.models import PRESETS
+
+    preset = PRESETS.get(cfg.model)
+    if cfg.device == "cpu" or (cfg.device == "auto" and preset is not None and preset.is_cpu_model):
+        return 0, CPUS_PER_CPU_TASK
+    gpus = (cfg.vllm.tp or (preset.tp if preset else 1)) if cfg.engine == "vllm" else 1
+    return gpus, CPUS_PER_GPU * gpus
+
+
+def check_run_args(run_command, inputs: list[str], out: Path, run_args: list[str]) -> RunConfig:
     """Parse `spcli run INPUTS --out OUT RUN_ARGS` with the run command itself (a click command) and
     build its config, so an unknown flag or a bad value fails now, not on the cluster."""
     for arg in run_args:
@@ -82,7 +98,7 @@ def check_run_args(run_command, inputs: list[str], out: Path, run_args: list[str
         extra = list(params["inputs"])[len(inputs):]
         raise ConfigError(f"run options after --: unexpected argument(s) {' '.join(extra)}; give inputs before --")
     try:
-        _run_config(params)
+        return _run_config(params)
     except ConfigError as e:
         raise ConfigError(f"run options after --: {e}") from None
 
@@ -134,7 +150,10 @@ def plan(run_command, inputs: list[str], out, run_args: list[str], tasks: int | 
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out}: output path exists and is not a directory")
     inputs = [os.path.abspath(i) for i in inputs]  # tasks may start in another directory
-    check_run_args(run_command, inputs, out, run_args)
+    cfg = check_run_args(run_command, inputs, out, run_args)
+    gpus, cpus = task_resources(cfg)
+    options["gpus_per_task"] = gpus if options.get("gpus_per_task") is None else options["gpus_per_task"]
+    options["cpus_per_task"] = cpus if options.get("cpus_per_task") is None else options["cpus_per_task"]
     shards = tuple(s.path for s in discover(inputs, exclude=out))
     existing = existing_task_count(out) if out.is_dir() else None
     check_not_queued(out)
