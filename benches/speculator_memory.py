@@ -60,7 +60,7 @@ def child(n: int, mode: str) -> dict:
 
     speculate.token_importance, speculate.QueryCapture = measure, Spy
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    cfg = ScoreConfig(**MODES[mode], pool=13, impl="torch")
+    cfg = ScoreConfig(**MODES[mode], pool=13, rows="mean", impl="torch")
     speculate.speculate_batch(model, [[3 + i % 1000 for i in range(n)]], cfg, eos_ids=set(), device=torch.device("cpu"))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
     layers, heads, dim = SHAPE["num_hidden_layers"], SHAPE["num_attention_heads"], SHAPE["head_dim"]

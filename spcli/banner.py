@@ -10,8 +10,10 @@ from spcli.config import RunConfig
 from spcli.io.records import Shard
 
 
-def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, model_path: str, out: Path) -> list[str]:
-    """What this run is about to do, one line per part: inputs, model, speculator, keep, engine, output."""
+def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, model_path: str, out: Path,
+                 dtype_why: str = "") -> list[str]:
+    """What this run is about to do, one line per part: inputs, model, speculator, keep, engine, output.
+    dtype_why: how cfg.dtype was picked (spcli.dtype.resolve_dtype)."""
     from spcli.engine.load import pick_device
 
     speculator = cfg.speculator or models.default_speculator(cfg.model)
@@ -23,7 +25,7 @@ def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, mo
     model = cfg.model if cfg.model == model_path else f"{cfg.model} ({model_path})"
     return [
         f"inputs: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {rows}",
-        f"model: {model}, {cfg.dtype or models.default_dtype(cfg.model)}",
+        f"model: {model}, {cfg.dtype}" + (f" ({dtype_why})" if dtype_why else ""),
         f"speculator: {speculator} ({score})" + (" (not used at keep 1.0)" if not cfg.select.prunes else ""),
         f"keep: {cfg.select.keep} ({select})",
         f"engine: {cfg.engine}, device {pick_device(cfg.device)}, batch size {cfg.batch_size}",

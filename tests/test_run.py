@@ -132,7 +132,7 @@ def test_start_banner_names_inputs_model_speculator_keep_engine_device_output(tm
     score = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(resolved).items())
     assert [line for line in res.output.splitlines() if line.startswith("INFO ")][:6] == [
         "INFO inputs: 1 shard, 3 rows",
-        f"INFO model: {tiny_dir}, float32",
+        f"INFO model: {tiny_dir}, float32 (--dtype)",
         f"INFO speculator: self:2 ({score})",
         "INFO keep: 0.3 (chunk 8, keep_first 4, keep_last 8, min_tokens 16)",
         "INFO engine: hf, device cpu, batch size 8",
