@@ -33,4 +33,4 @@ def resolve_dtype(requested: str | None, model: str, device: torch.device, has_a
         return own, f"auto: the model's dtype on {device.type}"
     if cpu_has_amx() if has_amx is None else has_amx:
         return own, f"auto: the model's dtype, this CPU has AMX ({own} matmuls run natively)"
-    return "float32", f"auto: this CPU has no AMX, where {own} is slower than float32 (README, The CPU dtype)"
+    return "float32", f"auto: this CPU has no AMX, {own} is slower than float32 on it"
