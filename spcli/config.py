@@ -25,6 +25,7 @@ def _check(ok: bool, message: str) -> None:
 
 
 AUTO = "auto"  # keep = auto: a per-prompt budget from the importance itself (keep_mass, keep_min, keep_max)
+AUTO_MASS = "above-median"  # keep = auto's mass: each chunk's score above the chunks' median (spcli.engine.select)
 
 
 def parse_keep(text: str | float, flag: str = "--keep") -> float | str:
@@ -50,7 +51,7 @@ class SelectConfig:
     keep_first: int = 4  # attention sink / BOS, always kept
     keep_last: int = 64  # question + generation prompt, always kept
     min_tokens: int = 256  # prompts shorter than this are not pruned
-    keep_mass: float = 0.9  # keep = auto: the fewest best chunks holding this share of the importance mass ...
+    keep_mass: float = 0.8  # keep = auto: the fewest best chunks holding this share of the mass above the median ...
     keep_min: float = 0.05  # ... but at least this fraction of the prompt ...
     keep_max: float = 0.5  # ... and at most this one
 
@@ -231,6 +232,8 @@ class RunConfig:
         for k in ("inputs", "out", "batch_size", "commit_interval", "fresh", "force", "device"):
             d.pop(k)
         d["score"].pop("impl")
+        if d["select"]["keep"] == AUTO:  # the budget's criterion changed with issue 20: older auto outputs differ
+            d["select"]["auto_mass"] = AUTO_MASS
         if d["score"]["rows"] in (None, "mean"):  # mean is what runs before --rows did: their directories resume
             d["score"].pop("rows")
         d.pop("vllm")  # parallelism and memory: same outputs

@@ -366,3 +366,9 @@ def test_rows_is_fingerprinted_only_when_it_is_not_the_mean_older_runs_used():
     cfg = lambda rows: RunConfig(inputs=("x",), out="o", score=ScoreConfig(lookahead=2, rows=rows)).fingerprint_fields()
     assert "rows" not in cfg(None)["score"] and cfg("mean") == cfg(None)
     assert cfg("max")["score"]["rows"] == "max"
+
+
+def test_keep_auto_records_its_criterion_so_older_auto_outputs_do_not_resume_silently():
+    fields = lambda keep: RunConfig(inputs=("x",), out="o", select=SelectConfig(keep=keep)).fingerprint_fields()
+    assert fields("auto")["select"]["auto_mass"] == "above-median"
+    assert "auto_mass" not in fields(0.1)["select"]  # fixed keeps: the fingerprint is as it was

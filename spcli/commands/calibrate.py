@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         sample: Annotated[int, typer.Option(help="--keep-for: records drawn from INPUT (seeded, uniform).")] = 32,
         target_agreement: Annotated[Optional[float], typer.Option(help="--keep-for: mean agreement of the first 16 greedy tokens with full prefill to reach (default 0.9).", show_default=False)] = None,
         target_kl: Annotated[Optional[float], typer.Option(help="--keep-for: mean first-token KL from full prefill to stay under, instead.", show_default=False)] = None,
-        keep_mass: Annotated[float, typer.Option(help="--keep-for: keep auto's mass, as `spcli run --keep-mass`.")] = 0.9,
+        keep_mass: Annotated[float, typer.Option(help="--keep-for: keep auto's mass, as `spcli run --keep-mass`.")] = 0.8,
         keep_min: Annotated[float, typer.Option(help="--keep-for: keep auto's least fraction, as `spcli run --keep-min`.")] = 0.05,
         keep_max: Annotated[float, typer.Option(help="--keep-for: keep auto's most fraction, as `spcli run --keep-max`.")] = 0.5,
         min_tokens: Annotated[int, typer.Option(help="--keep-for: prompts shorter than this are not pruned, as in `spcli run`.")] = 256,
