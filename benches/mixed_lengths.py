@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             reqs = base
             if keep < 1.0:
                 cfg = RunConfig(inputs=("-",), out="-", select=SelectConfig(keep=keep, chunk=32, min_tokens=256),
-                                score=ScoreConfig(lookahead=2, window=0, score_layers="all", pool=13))
+                                score=ScoreConfig(lookahead=2, window=0, score_layers="all", pool=13, rows="mean"))
                 reqs = prune([PrunedRequest(r.record_id, r.token_ids, r.kept, r.max_tokens, keep=keep) for r in base],
                              cfg.select, cfg.score, stack)
             run(stack, reqs[: args.batch_size], args.batch_size, True)  # warm-up

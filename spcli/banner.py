@@ -11,9 +11,10 @@ from spcli.io.records import Shard
 
 
 def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, model_path: str, out: Path,
-                 scoring: str | None = None) -> list[str]:
+                 scoring: str | None = None, dtype_why: str = "") -> list[str]:
     """What this run is about to do, one line per part: inputs, model, speculator, keep, engine, output.
-    `scoring`: which path scores the base's tokens (spcli.engine.load.scoring_path), when the speculator runs."""
+    `scoring`: which path scores the base's tokens (spcli.engine.load.scoring_path), when the speculator runs;
+    dtype_why: how cfg.dtype was picked (spcli.dtype.resolve_dtype)."""
     from spcli.device import pick_device
 
     speculator = cfg.speculator or models.default_speculator(cfg.model)
@@ -26,7 +27,7 @@ def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, mo
     source = profiles.settings_source(cfg.score, cfg.select, cfg.model, Path(model_path), speculator)
     return [
         f"inputs: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {rows}",
-        f"model: {model}, {cfg.dtype or models.default_dtype(cfg.model)}",
+        f"model: {model}, {cfg.dtype}" + (f" ({dtype_why})" if dtype_why else ""),
         f"speculator: {speculator}{f', {scoring}' if scoring else ''} ({score})"
         + (" (not used at keep 1.0)" if not cfg.select.prunes else f"; settings from {source}"),
         f"keep: {cfg.select.keep} ({select})",

@@ -70,7 +70,7 @@ def run(
     model: Annotated[str, typer.Option(help="Model name (see `spcli models`), local folder, GGUF file (converted once) or cached HF id.")] = "smollm2-135m",
     speculator: Annotated[Optional[str], typer.Option(help="Speculator model (another tokenizer than the base's is scored through character spans); self = the base model's own weights (early exit after its last scoring layer); self:K = its first K layers. Default: the model's.")] = None,
     keep: Annotated[str, typer.Option(metavar="FLOAT|auto", help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill; auto = per prompt, from --keep-mass within --keep-min..--keep-max.")] = "0.1",
-    keep_mass: Annotated[float, typer.Option(help="--keep auto: keep the fewest best chunks holding this share of the importance mass.")] = 0.9,
+    keep_mass: Annotated[float, typer.Option(help="--keep auto: keep the fewest best chunks holding this share of the importance above the chunks' median (measured: README, Choosing keep).")] = 0.8,
     keep_min: Annotated[float, typer.Option(help="--keep auto: the least fraction of a prompt kept.")] = 0.05,
     keep_max: Annotated[float, typer.Option(help="--keep auto: the most fraction of a prompt kept.")] = 0.5,
     lookahead: Annotated[Optional[int], typer.Option(help="Greedy look-ahead tokens of the speculator, each a query row (the paper: 8). A truncated self:K decodes poor look-ahead tokens. Default: the model's (see README).")] = None,
@@ -78,6 +78,7 @@ def run(
     score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score: all, I, I-J or I,J,... (negatives from the end). Without look-ahead the speculator stops after the last one. Default: the model's.")] = None,
     chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
     pool: Annotated[Optional[int], typer.Option(help="Average-pool kernel over token scores (odd; 1 = none). Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
+    rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (mean).", show_default=False)] = None,
     keep_first: Annotated[int, typer.Option(help="First tokens always kept (attention sink).")] = 4,
     keep_last: Annotated[int, typer.Option(help="Last tokens always kept (question and generation prompt).")] = 64,
     min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are not pruned.")] = 256,
@@ -86,7 +87,7 @@ def run(
     seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,
     logprobs: Annotated[int, typer.Option(help="Per generated token, its logprob and the top N alternatives (column `logprobs`); 0 = off.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Rows the engine runs together; one committed part holds every batch finished in --commit-interval.")] = 8,
-    dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
+    dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there); the start banner says which and why.")] = "auto",
     engine: Annotated[str, typer.Option(help="hf (transformers) or vllm.")] = "hf",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     prompt_field: Annotated[str, typer.Option(help="Input field holding prompt text.")] = "prompt",
@@ -126,7 +127,7 @@ def run(
         fresh=fresh, force=force, retry_failed=retry_failed,
         select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
                             keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max),
-        score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, impl=score_impl),
+        score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows, impl=score_impl),
         generate=GenerateConfig(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=logprobs),
         fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),
         vllm=VllmConfig(tp=tp, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
@@ -188,7 +189,7 @@ def _scoring(name: str, speculator: str) -> str:
 
     # a profile is keyed by the model folder's content: only a folder on this machine can have one
     d, source = profiles.score_defaults(name, local_folder(name), speculator)
-    return (f"layers {d['score_layers']}, window {d['window']}, look-ahead {d['lookahead']}, pool {d['pool']}, "
+    return (f"layers {d['score_layers']}, window {d['window']}, look-ahead {d['lookahead']}, pool {d['pool']}, rows {d['rows']}, "
             f"chunk {d['chunk']} ({source})")
 
 

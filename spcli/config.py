@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 from spcli.errors import ConfigError
 
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: per device (spcli.dtype)
 ENGINES = ("hf", "vllm")
 KV_CACHE_DTYPES = ("auto", "fp8")
 PLACEMENTS = ("workers", "driver")  # where the speculator runs on --engine vllm
+ROWS = ("mean", "max")  # how spcli.kernels.score combines the query rows' scores
 OUTPUT_FORMATS = ("parquet", "jsonl", "openai")
 TRUNCATE_POLICIES = ("error", "left", "middle")
 
@@ -31,6 +32,7 @@ def check_speculator_chunk(chunk: int) -> None:
 
 SPECULATOR_CHUNK = 8192  # tokens per speculator prefill call: its activations are one chunk's, not the prompt's
 AUTO = "auto"  # keep = auto: a per-prompt budget from the importance itself (keep_mass, keep_min, keep_max)
+AUTO_MASS = "above-median"  # keep = auto's mass: each chunk's score above the chunks' median (spcli.engine.select)
 
 
 def parse_keep(text: str | float, flag: str = "--keep") -> float | str:
@@ -56,7 +58,7 @@ class SelectConfig:
     keep_first: int = 4  # attention sink / BOS, always kept
     keep_last: int = 64  # question + generation prompt, always kept
     min_tokens: int = 256  # prompts shorter than this are not pruned
-    keep_mass: float = 0.9  # keep = auto: the fewest best chunks holding this share of the importance mass ...
+    keep_mass: float = 0.8  # keep = auto: the fewest best chunks holding this share of the mass above the median ...
     keep_min: float = 0.05  # ... but at least this fraction of the prompt ...
     keep_max: float = 0.5  # ... and at most this one
 
@@ -81,7 +83,7 @@ class SelectConfig:
 class ScoreConfig:
     """How the speculator scores tokens (DESIGN.md steps 1-6).
 
-    window, lookahead, score_layers and pool may be None: the model's default (a calibrate profile,
+    window, lookahead, score_layers, pool and rows may be None: the model's default (a calibrate profile,
     else its preset, else the paper's recipe `PAPER_SCORE`); `spcli.profiles.resolve` fills them.
     """
 
@@ -89,6 +91,7 @@ class ScoreConfig:
     window: int | None = None  # the last W prompt tokens' queries score, each causally; 0 = the last token only
     score_layers: str | None = None  # all | I | I-J | I,J,... (the speculator's layers; negatives from the end)
     pool: int | None = None  # average-pool kernel along the token axis; 1 = no smoothing
+    rows: str | None = None  # mean | max: how the query rows' scores (each the max over heads, layers) combine
     impl: str = "auto"  # scoring kernel: auto | torch | triton
 
     def __post_init__(self) -> None:
@@ -98,11 +101,12 @@ class ScoreConfig:
             parse_layers(self.score_layers)
         _check(self.pool is None or (self.pool >= 1 and self.pool % 2 == 1),
                f"--pool must be an odd number >= 1, got {self.pool}")
+        _check(self.rows in (None, *ROWS), f"--rows must be {' or '.join(ROWS)}, got {self.rows!r}")
         _check(self.impl in ("auto", "torch", "triton"), f"--score-impl must be auto, torch or triton, got {self.impl!r}")
 
     @property
     def is_resolved(self) -> bool:
-        return None not in (self.lookahead, self.window, self.score_layers, self.pool)
+        return None not in (self.lookahead, self.window, self.score_layers, self.pool, self.rows)
 
     @property
     def num_prompt_rows(self) -> int:
@@ -115,7 +119,8 @@ class ScoreConfig:
         return resolve_layers(self.score_layers, num_layers)
 
 
-PAPER_SCORE = {"lookahead": 8, "window": 0, "score_layers": "all", "pool": 13}  # Speculative Prefill's recipe ...
+PAPER_SCORE = {"lookahead": 8, "window": 0, "score_layers": "all", "pool": 13,
+               "rows": "mean"}  # Speculative Prefill's recipe ...
 PAPER_CHUNK = 32  # ... and its selection chunk
 
 
@@ -206,7 +211,7 @@ class RunConfig:
     model: str = "smollm2-135m"
     speculator: str | None = None  # None = the model's default speculator; "self:K" = its first K layers
     engine: str = "hf"
-    dtype: str | None = None  # None = the model's default dtype
+    dtype: str | None = "auto"  # auto (or None): per device, spcli.dtype.resolve_dtype
     device: str = "auto"
     batch_size: int = 8
     output_format: str = "parquet"
@@ -248,6 +253,10 @@ class RunConfig:
                   "device"):
             d.pop(k)
         d["score"].pop("impl")
+        if d["select"]["keep"] == AUTO:  # the budget's criterion changed with issue 20: older auto outputs differ
+            d["select"]["auto_mass"] = AUTO_MASS
+        if d["score"]["rows"] in (None, "mean"):  # mean is what runs before --rows did: their directories resume
+            d["score"].pop("rows")
         d.pop("vllm")  # parallelism, memory and placement: same outputs
         if self.vllm.kv_cache_dtype != "auto":  # fp8 KV rounds differently; absent at auto, as before
             d["kv_cache_dtype"] = self.vllm.kv_cache_dtype

@@ -1,13 +1,13 @@
 """Which speculator configuration a model gets when flags leave it open.
 
 Order, each filling only what the one before left unset: the flags (`--window`, `--lookahead`,
-`--score-layers`, `--pool`, `--chunk`), a profile written by `spcli calibrate --write-profile` for
-this model folder and speculator, the preset's `self_score` when the model speculates for itself (or
+`--score-layers`, `--pool`, `--rows`, `--chunk`), a profile written by `spcli calibrate --write-profile`
+for this model folder and speculator, the preset's `self_score` when the model speculates for itself (or
 its `speculator_score` with its default speculator), and last a fallback: for `self` / `self:K`,
 early exit at the middle layer (within the K) with window 32 and no look-ahead (a truncated model
 decodes poor look-ahead tokens; DESIGN.md step 6), for a separate speculator the paper's recipe
-(look-ahead 8, every layer, pool 13, chunk 32). A profile or preset that leaves a field out gets the
-paper's value for it. Profiles live in $SPCLI_CACHE/profiles/, keyed by the model
+(look-ahead 8, every layer, pool 13, the mean over rows, chunk 32). A profile or preset that leaves a
+field out gets the paper's value for it. Profiles live in $SPCLI_CACHE/profiles/, keyed by the model
 folder's content (config and weight files' names and sizes), so a renamed copy finds its profile
 and a changed model does not.
 """
@@ -24,7 +24,7 @@ from spcli import models
 from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig, parse_layers
 from spcli.engine.load import parse_self, read_config
 
-SCORE_FIELDS = ("window", "lookahead", "score_layers", "pool")  # ScoreConfig's resolvable fields
+SCORE_FIELDS = ("window", "lookahead", "score_layers", "pool", "rows")  # ScoreConfig's resolvable fields
 SELECT_FIELDS = ("chunk",)  # SelectConfig's
 FIELDS = SCORE_FIELDS + SELECT_FIELDS
 PAPER = {**PAPER_SCORE, "chunk": PAPER_CHUNK}

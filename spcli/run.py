@@ -7,6 +7,7 @@ row of each shard; a signal commits what is finished and exits 75 (resumable).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from spcli import models, retry
 from spcli.banner import banner_lines, resume_line
 from spcli.batch import num_over_budget, over_budget_warning, run_batch
 from spcli.config import RunConfig
+from spcli.dtype import resolve_dtype
 from spcli.errors import EngineDied, Interrupted, OutputError
 from spcli.io import commit
 from spcli.io.ids import mark_duplicates, rebuild_ids
@@ -84,7 +86,6 @@ def prepare_out(out: Path) -> Path:
 def fingerprint_fields(cfg: RunConfig, shards: list[Shard], model_path: str) -> dict:
     fields = cfg.fingerprint_fields()
     fields["model_path"] = model_path
-    fields["dtype"] = cfg.dtype or models.default_dtype(cfg.model)
     fields["speculator"] = cfg.speculator or models.default_speculator(cfg.model)
     from spcli.device import pick_device
     from spcli.engine.load import CROSS_TOKENIZER, scoring_path
@@ -93,6 +94,8 @@ def fingerprint_fields(cfg: RunConfig, shards: list[Shard], model_path: str) -> 
     if scoring == CROSS_TOKENIZER:  # absent for the same ids, as before: old directories still resume
         fields["scoring"] = scoring
 
+    fields["dtype"] = resolve_dtype(cfg.dtype, cfg.model, pick_device(cfg.device))[0]  # what the models load in
+    fields["speculator"] = cfg.speculator or models.default_speculator(cfg.model)
     fields["device_type"] = pick_device(cfg.device).type  # cpu and cuda kernels round bf16 differently
     fields["inputs"] = [{k: v for k, v in s.items() if k != "index"} for s in input_identity(shards)]
     return fields
@@ -149,6 +152,10 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     model_path = str(models.locate(cfg.model))
     speculator = cfg.speculator or models.default_speculator(cfg.model)
     cfg = resolve(cfg, cfg.model, Path(model_path), speculator)
+    from spcli.engine.load import pick_device
+
+    dtype, dtype_why = resolve_dtype(cfg.dtype, cfg.model, pick_device(cfg.device))
+    cfg = dataclasses.replace(cfg, dtype=dtype)  # every engine loads what the fingerprint records
     if cfg.select.prunes and speculator != "self" and not speculator.startswith("self:"):
         models.locate(speculator)
     warnings = {s.index: check_shard(s, cfg.fields) for s in shards}
@@ -160,7 +167,7 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
             lock.acquire()
             try:
                 return _run_locked(cfg, out, all_shards, shards, task, stop, progress or Progress(total=None),
-                                   model_path, warnings)
+                                   model_path, warnings, dtype_why)
             except KeyboardInterrupt:
                 raise Interrupted("stopped at once by a second SIGINT (the batch in flight was dropped); "
                                   "run the same command again to resume") from None
@@ -180,7 +187,8 @@ def _remove_if_empty(out: Path) -> None:
 
 
 def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list[Shard], task: dict | None,
-                stop: StopRequest, progress: Progress, model_path: str, warnings: dict[int, str | None]) -> RunSummary:
+                stop: StopRequest, progress: Progress, model_path: str, warnings: dict[int, str | None],
+                dtype_why: str = "") -> RunSummary:
     manifest = open_manifest(cfg, out, shards, task, model_path)
     committed = set().union(*_all_committed(out, manifest, strict=task is None))
     missing = sorted(p for p in manifest.committed_parts() if not (out / p).is_file())
@@ -204,7 +212,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
     from spcli.engine.load import SAME_TOKENIZER
 
     scoring = manifest.fingerprint_fields.get("scoring", SAME_TOKENIZER if cfg.select.prunes else None)
-    for line in banner_lines(cfg, shards, rows_total, model_path, out, scoring):
+    for line in banner_lines(cfg, shards, rows_total, model_path, out, scoring, dtype_why):
         log.info("%s", line)
     if before["rows"] and todo:
         first = todo[0]

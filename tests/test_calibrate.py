@@ -13,14 +13,15 @@ from typer.testing import CliRunner
 
 from spcli.calibrate import report
 from spcli.calibrate.config import CalibrateConfig
-from spcli.calibrate.layers import Setting, recommend, settings_of, sweep_prompt, window_importance
+from spcli.calibrate.layers import Setting, recommend, run_flags, settings_of, sweep_prompt, window_importance
 from spcli.config import ScoreConfig, SelectConfig
 from spcli.errors import ConfigError
 from spcli.kernels.score import smooth
 
 
-def brute_window(query, key, window, pool):
-    """Row by row: softmax over the keys up to the row's own position, zeros after, pooled, max over heads."""
+def brute_window(query, key, window, pool, reduce="mean"):
+    """Row by row: softmax over the keys up to the row's own position, zeros after, pooled, max over heads; then the
+    mean (or max) over the rows."""
     num_heads, num_rows, _ = query.shape
     num_kv_heads, n, head_dim = key.shape
     group = num_heads // num_kv_heads
@@ -32,26 +33,37 @@ def brute_window(query, key, window, pool):
             logits = key[h // group, : p + 1].double() @ query[h, s].double() / head_dim**0.5
             probs[h, : p + 1] = torch.softmax(logits, dim=0).float()
         rows.append(smooth(probs, pool).amax(dim=0))
-    return torch.stack(rows).mean(dim=0)
+    return torch.stack(rows).mean(dim=0) if reduce == "mean" else torch.stack(rows).amax(dim=0)
 
 
 @pytest.mark.parametrize("pool", [1, 13])
 def test_window_importance_matches_row_by_row(pool):
     torch.manual_seed(0)
     query, key = torch.randn(4, 17, 12), torch.randn(2, 63, 12)  # GQA 4 heads on 2, odd sizes
-    got = window_importance(query, key, (1, 5, 17, 32), (pool,))[0]
+    got = window_importance(query, key, (1, 5, 17, 32), (pool,))[0, 0]
     for i, w in enumerate((1, 5, 17, 32)):  # 32 > the 17 captured rows: all of them
         ref = brute_window(query, key, w, pool)
         assert torch.allclose(ref, got[i], atol=1e-6), f"window {w}: max err {(ref - got[i]).abs().max():.2e}"
 
 
+def test_window_importance_row_max_matches_row_by_row():
+    torch.manual_seed(2)
+    query, key = torch.randn(4, 17, 12), torch.randn(2, 63, 12)
+    got = window_importance(query, key, (1, 5, 17), (13,), ("mean", "max"))[0]  # [rows, windows, n]
+    for i, w in enumerate((1, 5, 17)):
+        torch.testing.assert_close(got[0, i], brute_window(query, key, w, 13), atol=1e-6, rtol=0)
+        torch.testing.assert_close(got[1, i], brute_window(query, key, w, 13, "max"), atol=1e-6, rtol=0)
+    torch.testing.assert_close(got[0, 0], got[1, 0])  # one row: its mean is its max
+    assert not torch.allclose(got[0, 2], got[1, 2])
+
+
 def test_window_importance_for_several_pools_equals_each_pool_alone():
     torch.manual_seed(1)
     query, key = torch.randn(4, 9, 8), torch.randn(2, 40, 8)
-    both = window_importance(query, key, (3, 9), (1, 13))
+    both = window_importance(query, key, (3, 9), (1, 13))[:, 0]
     assert both.shape == (2, 2, 40)
     for i, pool in enumerate((1, 13)):
-        torch.testing.assert_close(both[i], window_importance(query, key, (3, 9), (pool,))[0])
+        torch.testing.assert_close(both[i], window_importance(query, key, (3, 9), (pool,))[0, 0])
 
 
 NEEDLE, DECOY, N = (1000, 1020), (100, 120), 2048
@@ -115,6 +127,40 @@ def test_recommend_cheapest_then_higher_mean_recall_then_smaller_window_then_bes
     assert not choice.meets_target and choice.worst == 0.5 and (choice.layer, choice.window) == (1, 64)
 
 
+def test_recommend_with_max_cost_takes_the_best_recall_that_fits_the_budget():
+    r = np.zeros((4, 2, 2))  # [L, NS, NK]
+    r[0] = 0.2
+    r[1, 0], r[1, 1] = (0.6, 0.7), (0.8, 0.7)  # within budget: setting 1 has the better worst case
+    r[2] = 0.99  # the one that meets the target, over the budget
+    r[3] = 1.0
+    settings = [Setting(16, 13, 8), Setting(32, 13, 8, "max")]
+    costs = [0.2, 0.45, 0.6, 0.9]
+    assert recommend({"a": r}, costs, settings, 0.95).layer == 2  # no cap: the cheapest meeting the target
+    choice = recommend({"a": r}, costs, settings, 0.95, max_cost=0.5)
+    assert (choice.layer, choice.window, choice.rows, choice.worst) == (1, 32, "max", 0.7)
+    assert not choice.meets_target and choice.max_cost == 0.5
+    assert recommend({"a": r}, costs, settings, 0.95, max_cost=0.6).layer == 2  # a cost equal to the cap fits
+    assert recommend({"a": r}, costs, settings, 0.5, max_cost=1.0).layer == 3  # the best, not the cheapest passing
+    under = recommend({"a": r}, costs, settings, 0.95, max_cost=0.1)  # nothing fits: the cheapest layer's best
+    assert under.layer == 0 and under.cost > under.max_cost
+
+
+def test_table_names_the_shortfalls_and_prints_run_flags():
+    settings = [Setting(16, 13, 8), Setting(16, 13, 8, "max")]
+    recall = {"niah": np.array([[[0.97, 0.99], [0.9, 0.96]]]), "multidoc-qa": np.array([[[0.5, 0.96], [0.6, 0.97]]])}
+    choice = recommend(recall, [0.4], settings, 0.95, max_cost=0.5)
+    cfg = CalibrateConfig(keeps=(0.1, 0.3), max_cost=0.5)
+    results = {"config": cfg.to_dict(), "keeps": [0.1, 0.3], "tasks": list(recall), "costs": [0.4],
+               "settings": [dataclasses.asdict(s) for s in settings], "choice": dataclasses.asdict(choice),
+               "grid": report.grid(recall, [0.4], settings, (0.1, 0.3)), "run_flags": run_flags(cfg, choice)}
+    text = report.text_table(results)
+    assert "choice: layer 0, window 16, pool 13, rows max, chunk 8 (cost 0.40, worst recall 0.60)" in text
+    assert "the best worst-case recall at cost <= 0.5; BELOW the target 0.95 at niah@0.1 (0.90), multidoc-qa@0.1 (0.60)" \
+        in text
+    assert text.endswith("run it: spcli run INPUT... --out DIR --model smollm2-135m --score-layers 0 --window 16 "
+                         "--lookahead 0 --pool 13 --rows max --chunk 8")
+
+
 def test_table_shows_each_layers_best_setting_and_the_choice_when_many_are_swept():
     from spcli.calibrate.report import shown
 
@@ -137,6 +183,10 @@ def test_config_rejects_bad_values():
         CalibrateConfig(keeps=(1.0,))
     with pytest.raises(ConfigError, match="--pool"):
         CalibrateConfig(pools=(13, 4))
+    with pytest.raises(ConfigError, match="--max-cost must be in"):
+        CalibrateConfig(max_cost=0.0)
+    with pytest.raises(ConfigError, match="--rows values must be mean or max"):
+        CalibrateConfig(rows=("mean", "median"))
 
 
 def test_cli_writes_results_plot_and_a_profile_that_flags_override(tiny_dir, tmp_path, monkeypatch):
@@ -147,21 +197,27 @@ def test_cli_writes_results_plot_and_a_profile_that_flags_override(tiny_dir, tmp
     out = tmp_path / "calib"
     args = ["calibrate", "--model", str(tiny_dir), "--speculator", "self", "--tasks", "niah", "--lengths", "300",
             "--samples", "2", "--keep", "0.5", "--windows", "4,16", "--out", str(out), "--write-profile", "--device", "cpu",
-            "--pool", "5", "--chunk", "16,4"]
+            "--pool", "5", "--chunk", "16,4", "--rows", "mean,max", "--max-cost", "0.9"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
     doc = json.loads((out / "results.json").read_text())
     assert (out / "calibrate.png").stat().st_size > 0
-    assert doc["num_layers"] == 3 and len(doc["grid"]) == 3 * 2 * 2 and len(doc["examples"]) == 2
+    assert doc["num_layers"] == 3 and len(doc["grid"]) == 3 * 2 * 2 * 2 and len(doc["examples"]) == 2
     assert len(doc["costs"]) == 3 and doc["costs"] == sorted(doc["costs"]) and 0 < doc["costs"][-1] <= 1
     assert doc["paper"]["recall"]["niah"].keys() == {"0.5"}
     choice = doc["choice"]
-    assert f"choice: layer {choice['layer']}, window {choice['window']}, pool 5, chunk {choice['chunk']}" in result.output
-    assert choice["chunk"] in (16, 4) and [(s["pool"], s["chunk"]) for s in doc["settings"]] == [(5, 16), (5, 4)] * 2
+    assert (f"choice: layer {choice['layer']}, window {choice['window']}, pool 5, rows {choice['rows']}, "
+            f"chunk {choice['chunk']}") in result.output
+    assert choice["chunk"] in (16, 4) and choice["max_cost"] == 0.9 and doc["costs"][choice["layer"]] <= 0.9
+    assert [(s["pool"], s["rows"], s["chunk"]) for s in doc["settings"]] == [
+        (5, "mean", 16), (5, "mean", 4), (5, "max", 16), (5, "max", 4)] * 2
+    assert doc["run_flags"] in result.output and f"--rows {choice['rows']}" in doc["run_flags"]
 
     want = {"window": choice["window"], "lookahead": 0, "score_layers": str(choice["layer"]), "pool": 5,
-            "chunk": choice["chunk"]}  # what was measured is stored
+            "rows": choice["rows"], "chunk": choice["chunk"]}  # what was measured is stored
     assert profiles.read_profile(tiny_dir, "self") == want
+    evidence = json.loads(profiles.profile_path(tiny_dir, "self").read_text())["evidence"]
+    assert evidence["max_cost"] == 0.9 and evidence["choice"]["max_cost"] == 0.9
     defaults, source = profiles.score_defaults(str(tiny_dir), tiny_dir, "self")
     assert defaults == want and source.startswith("profile")
     flagged = profiles.resolve_score(ScoreConfig(window=7), str(tiny_dir), tiny_dir, "self")

@@ -74,7 +74,7 @@ def test_speculator_signals_reuse_one_pass_and_match_a_reference(tiny_dir):
     model = first_layers(base, 2)
     ids = list(range(1000, 1300))
     hooks_before = len(base.model._forward_hooks)
-    cfg = ScoreConfig(lookahead=3, window=0, score_layers="all", pool=13)
+    cfg = ScoreConfig(lookahead=3, window=0, score_layers="all", pool=13, rows="mean")
     ref_importance = speculate(model, ids, cfg, set(), CPU).importance
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits[0].float()  # [n, V]
@@ -91,9 +91,9 @@ def test_specprefill_paper_is_the_paper_recipe_on_the_same_speculator(tiny_dir):
     """`specprefill-paper` ranks by the look-ahead-8, every-layer importance; `specprefill` by the configured one."""
     base = load_causal_lm(tiny_dir, "float32", CPU).model
     ids = list(range(300, 420))
-    window = ScoreConfig(lookahead=0, window=16, score_layers="1", pool=13)
+    window = ScoreConfig(lookahead=0, window=16, score_layers="1", pool=13, rows="mean")
     sig = speculator_signals(base, ids, window, set(), CPU, with_surprisal=False, with_paper=True)
-    paper = speculate(base, ids, ScoreConfig(lookahead=8, window=0, score_layers="all", pool=13), set(), CPU).importance
+    paper = speculate(base, ids, ScoreConfig(lookahead=8, window=0, score_layers="all", pool=13, rows="mean"), set(), CPU).importance
     torch.testing.assert_close(sig.paper_importance, paper)
     torch.testing.assert_close(sig.importance, speculate(base, ids, window, set(), CPU).importance)
     assert not torch.allclose(sig.importance, sig.paper_importance) and sig.paper_s > 0

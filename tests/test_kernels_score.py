@@ -143,11 +143,16 @@ def test_reference_by_hand():
     limited = torch.tensor([(1 / 2 + 1) / 2, (2 / 3 + 0) / 2, 0.0])
     assert_close("hand limits", limited, score_module.importance_reference(queries, keys, 1, torch.tensor([2, 1])),
                  1e-7, 1e-6)
+    # rows="max": per token the larger of the two steps' maxima over heads
+    assert_close("hand rows max", torch.maximum(step0, step1),
+                 score_module.importance_reference(queries, keys, pool=3, rows="max"), 1e-7, 1e-6)
+    assert_close("hand rows max, limits", torch.tensor([1.0, 2 / 3, 0.0]),
+                 score_module.importance_reference(queries, keys, 1, torch.tensor([2, 1]), rows="max"), 1e-7, 1e-6)
 
 
-def brute_force(queries, keys, pool, row_limits=None):
+def brute_force(queries, keys, pool, row_limits=None, rows="mean"):
     """Loops over every (layer, head, step) row: logits beyond the row's limit are -inf; pooling is an explicit
-    window sum."""
+    window sum; rows: the mean or the max over steps."""
     num_layers, num_heads, num_steps, head_dim = queries.shape
     n, group, halo = keys[0].shape[1], num_heads // keys[0].shape[0], pool // 2
     limits = [n] * num_steps if row_limits is None else row_limits.tolist()
@@ -160,7 +165,7 @@ def brute_force(queries, keys, pool, row_limits=None):
                 p = torch.softmax(logits, 0)
                 pooled = torch.stack([p[max(0, i - halo) : i + halo + 1].sum() / pool for i in range(n)])
                 best[s] = torch.maximum(best[s], pooled)
-    return best.mean(0)
+    return best.mean(0) if rows == "mean" else best.amax(0)
 
 
 @pytest.mark.parametrize("pool", [1, 5, 13])
@@ -173,15 +178,30 @@ def test_reference_matches_brute_force_and_naive(n, pool):
     assert_close("naive", score_module.importance_naive(queries, keys, pool), ref, 1e-8, 1e-6)
 
 
+@pytest.mark.parametrize("rows", ["mean", "max"])
 @pytest.mark.parametrize("pool", [1, 13])
 @pytest.mark.parametrize("n, window, lookahead", [(1, 1, 0), (7, 3, 2), (40, 17, 0), (40, 40, 3), (41, 64, 1)])
-def test_reference_with_row_limits_matches_brute_force(n, window, lookahead, pool):
+def test_reference_with_row_limits_matches_brute_force(n, window, lookahead, pool, rows):
     limits = window_limits(n, window, lookahead)
     queries, keys = make_inputs(2, 6, 2, limits.numel(), n, 16, torch.float32, seed=n + window)
-    ref = score_module.importance_reference(queries, keys, pool, row_limits=limits)
-    expected = brute_force(queries.cpu(), [k.cpu() for k in keys], pool, limits.cpu())
-    assert_close(f"brute force W={window}", expected, ref, 1e-7, 1e-5)
-    assert_close("naive", score_module.importance_naive(queries, keys, pool, limits), ref, 1e-8, 1e-6)
+    ref = score_module.importance_reference(queries, keys, pool, row_limits=limits, rows=rows)
+    expected = brute_force(queries.cpu(), [k.cpu() for k in keys], pool, limits.cpu(), rows)
+    assert_close(f"brute force W={window} rows={rows}", expected, ref, 1e-7, 1e-5)
+    assert_close("naive", score_module.importance_naive(queries, keys, pool, limits, rows), ref, 1e-8, 1e-6)
+
+
+def test_reference_rows_max_differs_from_mean_and_packs():
+    lens, steps = [40, 7], [5, 3]
+    queries, keys = make_inputs(2, 6, 2, sum(steps), sum(lens), 16, torch.float32, seed=9)
+    cu_steps, cu_seqlens = torch.tensor([0, 5, 8]), torch.tensor([0, 40, 47])
+    mean = score_module.importance_reference_packed(queries, cu_steps, keys, cu_seqlens, 5)
+    best = score_module.importance_reference_packed(queries, cu_steps, keys, cu_seqlens, 5, rows="max")
+    assert (best >= mean - 1e-7).all() and not torch.allclose(best, mean)  # a max is at least the mean
+    one = score_module.token_importance(queries[:, :, :5], [k[:, :40] for k in keys], pool=5, impl="torch",
+                                        rows="max")
+    assert torch.equal(one, best[:40])
+    with pytest.raises(AssertionError, match="rows must be one of"):
+        score_module.importance_reference(queries, keys, 5, rows="median")
 
 
 def test_reference_row_limits_cut_exactly():

@@ -17,14 +17,14 @@ from test_kernels_score import score as kernels_fixture
 score = kernels_fixture  # the module fixture `score`: score.py with kernels this machine can run
 
 
-def run_kernel(score, queries, keys, pool, row_limits=None, max_rows=64):
+def run_kernel(score, queries, keys, pool, row_limits=None, max_rows=64, rows="mean"):
     """The launcher on one prompt, writing into a NaN-poisoned output so an unwritten element fails."""
     num_steps, n = queries.shape[2], keys[0].shape[1]
     cu_steps = torch.tensor([0, num_steps], dtype=torch.int32, device=DEVICE)
     cu_seqlens = torch.tensor([0, n], dtype=torch.int32, device=DEVICE)
     out = torch.full((n,), math.nan, device=DEVICE)
     return score.importance_triton(queries, cu_steps, keys, cu_seqlens, pool, n, num_steps, row_limits, out=out,
-                                   max_rows=max_rows)
+                                   max_rows=max_rows, rows=rows)
 
 
 SHAPES = [  # (n, head dim, steps, pool, dtype, layers): odd n around the 128-wide tiles
@@ -116,6 +116,49 @@ def test_kernel_with_window_rows_matches_reference(score, window, lookahead, n, 
                  *TOLERANCES[dtype])
 
 
+ROW_MAX = [  # rows="max": (window W, look-ahead rows, n, heads, KV heads, dtype, pool, max_rows)
+    (1, 8, 63, 9, 3, torch.bfloat16, 13, 64),
+    (17, 0, 127, 9, 3, torch.float32, 13, 64),
+    (64, 8, 127, 16, 2, torch.bfloat16, 13, 64),  # 72 steps: several step blocks fold into the max
+    (5, 2, 63, 24, 1, torch.float16, 5, 16),
+    (32, 0, 1000, 9, 3, torch.bfloat16, 31, 64),  # smollm2-135m's window and pool
+]
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "window, lookahead, n, num_heads, num_kv_heads, dtype, pool, max_rows", ROW_MAX,
+    ids=[f"W{w}-A{a}-n{n}-H{h}-KVH{kv}-{str(dt)[6:]}-pool{p}-rows{r}" for w, a, n, h, kv, dt, p, r in ROW_MAX],
+)
+def test_kernel_row_max_matches_reference(score, window, lookahead, n, num_heads, num_kv_heads, dtype, pool,
+                                          max_rows):
+    limits = window_limits(n, window, lookahead)
+    queries, keys = make_inputs(2, num_heads, num_kv_heads, limits.numel(), n, 64, dtype, seed=n + window)
+    ref = score.importance_reference(queries, keys, pool, limits, rows="max")
+    tri = run_kernel(score, queries, keys, pool, limits, max_rows, rows="max")
+    assert_close(f"rows=max W={window} look-ahead={lookahead} n={n} {dtype}", ref, tri, *TOLERANCES[dtype])
+    mean = score.importance_reference(queries, keys, pool, limits)
+    assert not torch.allclose(ref, mean)  # the option changes the scores, so the parity above means something
+
+
+@needs_triton
+def test_packed_row_max_matches_per_prompt(score):
+    lens, rows = [63, 1, 130], [(17, 8), (1, 0), (32, 3)]
+    limits = torch.cat([window_limits(n, w, a) for n, (w, a) in zip(lens, rows)])
+    steps = [min(max(1, w), n) + a for n, (w, a) in zip(lens, rows)]
+    queries, keys = make_inputs(2, 8, 2, sum(steps), sum(lens), 32, torch.bfloat16, seed=8)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    cu_steps = torch.tensor([0, *torch.tensor(steps).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    ref = score.token_importance_packed(queries, cu_steps, keys, cu_seqlens, impl="torch", row_limits=limits,
+                                        rows="max")
+    tri = score.token_importance_packed(queries, cu_steps, keys, cu_seqlens, impl="triton", row_limits=limits,
+                                        rows="max")
+    assert_close("packed rows=max", ref, tri, *TOLERANCES[torch.bfloat16])
+    one = score.token_importance(queries[:, :, : steps[0]], [k[:, : lens[0]] for k in keys], impl="triton",
+                                 row_limits=limits[: steps[0]], rows="max")
+    assert_close("dispatcher rows=max", ref[: lens[0]], one, *TOLERANCES[torch.bfloat16])
+
+
 @needs_triton
 @pytest.mark.parametrize("dtype, max_rows", [(torch.float32, 64), (torch.bfloat16, 16)])
 def test_kernel_with_any_row_limits_matches_reference(score, dtype, max_rows):
@@ -183,8 +226,8 @@ def test_packed_window_rows_match_per_prompt(score, dtype, max_rows):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", [dict(lookahead=8, window=0, score_layers="all", pool=13, chunk=32),  # the paper's
-                                    dict(lookahead=0, window=32, score_layers="14", pool=31, chunk=8)])  # the default
+@pytest.mark.parametrize("recipe", [dict(lookahead=8, window=0, score_layers="all", pool=13, rows="mean", chunk=32),  # the paper's
+                                    dict(lookahead=0, window=32, score_layers="14", pool=31, rows="mean", chunk=8)])  # the default
 def test_kept_indices_equal_between_torch_and_triton_on_smollm2(score, smollm2_dir, monkeypatch, recipe):
     """On the real SmolLM2 and real prompts, selection from the kernel's scores equals the reference's."""
     import json

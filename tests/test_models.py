@@ -26,8 +26,8 @@ def test_models_command_lists_every_preset_and_availability():
             "yes (built on first use)") in lines
     scoring = {line.split()[0]: line for line in res.output.split("\n\n")[1].splitlines()[1:]}
     assert scoring.keys() == PRESETS.keys()
-    assert "layers 14, window 32, look-ahead 0, pool 31, chunk 8 (preset smollm2-135m)" in scoring["smollm2-135m"]
-    assert "layers all, window 0, look-ahead 8, pool 13, chunk 32 (fallback: the paper's recipe)" in scoring["llama-70b"]
+    assert "layers 14, window 32, look-ahead 0, pool 31, rows mean, chunk 8 (preset smollm2-135m)" in scoring["smollm2-135m"]
+    assert "layers all, window 0, look-ahead 8, pool 13, rows mean, chunk 32 (fallback: the paper's recipe)" in scoring["llama-70b"]
 
 
 def test_models_lists_the_qwen_pair_and_how_to_get_it(tmp_path, monkeypatch):
@@ -59,7 +59,7 @@ def test_models_shows_a_calibrate_profile(smollm2_dir, tmp_path, monkeypatch):
     dest.symlink_to(smollm2_dir)
     path = profiles.write_profile(dest, "self", {"window": 16, "lookahead": 0, "score_layers": "18"}, {})
     line = next(l for l in CliRunner().invoke(app, ["models"]).output.splitlines()[1:] if "(profile" in l)
-    assert line.startswith("smollm2-135m ") and f"layers 18, window 16, look-ahead 0, pool 13, chunk 32 (profile {path})" in line
+    assert line.startswith("smollm2-135m ") and f"layers 18, window 16, look-ahead 0, pool 13, rows mean, chunk 32 (profile {path})" in line
 
 
 def test_readme_model_table_matches_spcli_models():

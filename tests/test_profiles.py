@@ -32,15 +32,17 @@ def test_a_profile_beats_the_preset_and_flags_beat_both(cache, tiny_dir):
     path = profiles.write_profile(tiny_dir, "self:2", {"window": 16, "lookahead": 0, "score_layers": "1"}, {"why": 1})
     assert path.parent == cache / "cache" / "profiles"
     defaults, source = profiles.score_defaults("x", tiny_dir, "self:2")
-    # a profile without pool and chunk (an older calibrate) gets the paper's, which that calibrate measured with
-    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "1", "pool": 13, "chunk": 32}
+    # a profile without pool, rows and chunk (an older calibrate) gets the paper's, which that calibrate measured with
+    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "1", "pool": 13, "rows": "mean", "chunk": 32}
     assert source == f"profile {path}"
     assert profiles.read_profile(tiny_dir, "self:3") is None  # keyed by the speculator too
     got = profiles.resolve_score(ScoreConfig(window=4), "x", tiny_dir, "self:2")
     assert (got.window, got.lookahead, got.score_layers) == (4, 0, "1")  # the flag wins, the rest from the profile
-    profiles.write_profile(tiny_dir, "self:2", {"window": 16, "lookahead": 0, "score_layers": "1", "pool": 21, "chunk": 4}, {})
+    profiles.write_profile(tiny_dir, "self:2", {"window": 16, "lookahead": 0, "score_layers": "1", "pool": 21,
+                                               "rows": "max", "chunk": 4}, {})
     got = profiles.resolve_score(ScoreConfig(), "x", tiny_dir, "self:2")
-    assert got.pool == 21 and profiles.resolve_select(SelectConfig(), "x", tiny_dir, "self:2").chunk == 4
+    assert got.pool == 21 and got.rows == "max" and profiles.resolve_select(SelectConfig(), "x", tiny_dir, "self:2").chunk == 4
+    assert profiles.resolve_score(ScoreConfig(rows="mean"), "x", tiny_dir, "self:2").rows == "mean"  # the flag wins
 
 
 def test_the_profile_key_follows_the_folder_content(cache, tmp_path, tiny_dir):

@@ -384,3 +384,17 @@ def test_rerun_of_a_finished_directory_and_a_resumed_run_say_where_they_stand(tm
     assert f"kept {pct(late)}, failed 0" in err, "the progress line's keep percentage is the done line's"
     code, out_text, err = cli(argv(src, out, tiny_dir, "--keep", "0.3"), capsys)
     assert (code, out_text, err) == (0, f"nothing to do: 6 rows already done; outputs in {out}\n", "")
+
+
+def test_rows_is_fingerprinted_only_when_it_is_not_the_mean_older_runs_used():
+    """--rows max changes outputs; mean (what every run before --rows did) leaves the fingerprint as it was, so their
+    directories resume."""
+    cfg = lambda rows: RunConfig(inputs=("x",), out="o", score=ScoreConfig(lookahead=2, rows=rows)).fingerprint_fields()
+    assert "rows" not in cfg(None)["score"] and cfg("mean") == cfg(None)
+    assert cfg("max")["score"]["rows"] == "max"
+
+
+def test_keep_auto_records_its_criterion_so_older_auto_outputs_do_not_resume_silently():
+    fields = lambda keep: RunConfig(inputs=("x",), out="o", select=SelectConfig(keep=keep)).fingerprint_fields()
+    assert fields("auto")["select"]["auto_mass"] == "above-median"
+    assert "auto_mass" not in fields(0.1)["select"]  # fixed keeps: the fingerprint is as it was

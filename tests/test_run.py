@@ -132,7 +132,7 @@ def test_start_banner_names_inputs_model_speculator_keep_engine_device_output(tm
     score = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(resolved).items())
     assert [line for line in res.output.splitlines() if line.startswith("INFO ")][:6] == [
         "INFO inputs: 1 shard, 3 rows",
-        f"INFO model: {tiny_dir}, float32",
+        f"INFO model: {tiny_dir}, float32 (--dtype)",
         f"INFO speculator: self:2, same tokenizer ({score}); settings from flags (lookahead, chunk), the rest from "
         f"fallback: early exit at the middle layer; `spcli calibrate --model {tiny_dir} --speculator self:2` measures "
         "them for this model",

@@ -104,15 +104,30 @@ def test_auto_flat_scores_keep_the_maximum():
 
 
 def test_auto_between_bounds_takes_the_fewest_chunks_reaching_the_mass():
-    imp = torch.full((80,), 0.01)  # 20 chunks of 4; mass 0.04 each ...
-    imp[8:12], imp[32:36], imp[60:64] = 0.2, 0.1, 0.05  # ... but chunks 2, 8, 15: 0.8, 0.4, 0.2
+    imp = torch.full((80,), 0.01)  # 20 chunks of 4; the background 0.01 is every chunk's median ...
+    imp[8:12], imp[32:36], imp[60:64] = 0.2, 0.1, 0.05  # ... chunks 2, 8, 15 stand out by 0.76, 0.36, 0.16
     c = lambda mass: auto(keep_mass=mass, keep_min=0.01, keep_max=1.0)
-    total = float(imp.double().sum())  # 0.8 + 0.4 + 0.2 + 17 * 0.04 = 2.08
-    assert auto_budget(imp, c(0.8 / total)) == 4
-    assert auto_budget(imp, c(0.8 / total + 1e-6)) == 8
-    assert auto_budget(imp, c(1.4 / total)) == 12
-    assert select_tokens(imp, c(1.2 / total)).tolist() == [8, 9, 10, 11, 32, 33, 34, 35]
-    assert auto_budget(imp, c(1.0)) == 80
+    total = 0.76 + 0.36 + 0.16
+    assert auto_budget(imp, c(0.76 / total)) == 4
+    assert auto_budget(imp, c(0.76 / total + 1e-6)) == 8
+    assert auto_budget(imp, c(1.12 / total + 1e-6)) == 12
+    assert select_tokens(imp, c(1.0 / total)).tolist() == [8, 9, 10, 11, 32, 33, 34, 35]
+    assert auto_budget(imp, c(1.0)) == 12  # the background holds no mass: the three chunks are all of it
+    # without sharpening (the criterion before issue 20) the background counts: 2.08 in all
+    old = lambda mass: auto_budget(imp, c(mass), sharpen=False)
+    assert (old(0.8 / 2.08), old(0.8 / 2.08 + 1e-6), old(1.4 / 2.08), old(1.0)) == (4, 8, 12, 80)
+
+
+def test_auto_sharpened_mass_tells_one_peak_from_many_over_a_floor():
+    """The pooled scores of a real prompt sit on a floor; 90% of the plain mass needs most of the prompt for one
+    peak and for many alike. Relative to the median, one peak takes one chunk and eight peaks eight."""
+    one, many = torch.full((800,), 0.01), torch.full((800,), 0.01)
+    one[400:408] = 0.5
+    for c in range(8):
+        many[40 + 96 * c : 48 + 96 * c] = 0.5
+    c = auto(chunk=8, keep_mass=0.9, keep_min=0.01, keep_max=0.5)
+    assert (auto_budget(one, c), auto_budget(many, c)) == (8, 64)
+    assert auto_budget(one, c, sharpen=False) == auto_budget(many, c, sharpen=False) == 400  # both hit keep_max
 
 
 def test_auto_mass_exactly_reached_stops_there():

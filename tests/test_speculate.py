@@ -16,7 +16,7 @@ CPU = torch.device("cpu")
 
 def paper(lookahead: int, pool: int) -> ScoreConfig:
     """The paper's rows: the last prompt token and the look-ahead, every layer."""
-    return ScoreConfig(lookahead=lookahead, window=0, score_layers="all", pool=pool)
+    return ScoreConfig(lookahead=lookahead, window=0, score_layers="all", pool=pool, rows="mean")
 
 
 def brute_force(model_dir, ids, lookahead_ids, pool):
@@ -92,7 +92,7 @@ def test_capture_is_registered_under_its_own_name():
     assert capture.register() == "spcli"
 
 
-def brute_force_rows(model_dir, ids, lookahead_ids, pool, window, layers):
+def brute_force_rows(model_dir, ids, lookahead_ids, pool, window, layers, reduce="mean"):
     """Eager attention: the last `window` prompt rows (causal: each already normalised over the keys
     up to its own position) and the look-ahead rows renormalised over the n prompt keys, at `layers`."""
     eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
@@ -109,26 +109,30 @@ def brute_force_rows(model_dir, ids, lookahead_ids, pool, window, layers):
         if pool > 1:
             rows = F.avg_pool1d(rows.reshape(-1, 1, n), pool, 1, pool // 2, count_include_pad=True).reshape(rows.shape)
         per_row.append(rows.amax(dim=(0, 1)))
-    return torch.stack(per_row).mean(0)
+    return torch.stack(per_row).mean(0) if reduce == "mean" else torch.stack(per_row).amax(0)
 
 
 def test_window_rows_are_causal_and_match_eager_attention(tiny_dir):
     model = load_causal_lm(tiny_dir, "float32", CPU).model
     ids = list(range(400, 463))  # n = 63
     for window, layers, lookahead in ((17, "1", 0), (8, "0,2", 0), (5, "all", 2), (1, "-1", 0)):
-        cfg = ScoreConfig(lookahead=lookahead, window=window, score_layers=layers, pool=5)
+        cfg = ScoreConfig(lookahead=lookahead, window=window, score_layers=layers, pool=5, rows="mean")
         spec = speculate(model, ids, cfg, eos_ids=set(), device=CPU)
         assert spec.num_query_rows == window + len(spec.lookahead_ids)
         ref = brute_force_rows(tiny_dir, ids, spec.lookahead_ids, 5, window, cfg.layers(3))
         torch.testing.assert_close(spec.importance, ref, rtol=1e-4, atol=1e-6)
+    cfg = ScoreConfig(lookahead=2, window=5, score_layers="all", pool=5, rows="max")  # --rows max: the max over rows
+    spec = speculate(model, ids, cfg, eos_ids=set(), device=CPU)
+    ref = brute_force_rows(tiny_dir, ids, spec.lookahead_ids, 5, 5, cfg.layers(3), "max")
+    torch.testing.assert_close(spec.importance, ref, rtol=1e-4, atol=1e-6)
 
 
 def test_score_layer_choice_changes_the_importance(tiny_dir):
     model = load_causal_lm(tiny_dir, "float32", CPU).model
     ids = list(range(500, 560))
-    one = speculate(model, ids, ScoreConfig(lookahead=0, window=16, score_layers="0", pool=1), set(), CPU).importance
-    two = speculate(model, ids, ScoreConfig(lookahead=0, window=16, score_layers="2", pool=1), set(), CPU).importance
-    both = speculate(model, ids, ScoreConfig(lookahead=0, window=16, score_layers="0,2", pool=1), set(), CPU).importance
+    one = speculate(model, ids, ScoreConfig(lookahead=0, window=16, score_layers="0", pool=1, rows="mean"), set(), CPU).importance
+    two = speculate(model, ids, ScoreConfig(lookahead=0, window=16, score_layers="2", pool=1, rows="mean"), set(), CPU).importance
+    both = speculate(model, ids, ScoreConfig(lookahead=0, window=16, score_layers="0,2", pool=1, rows="mean"), set(), CPU).importance
     assert not torch.allclose(one, two)
     assert torch.all(both >= torch.minimum(one, two) - 1e-7)  # a max over both layers per row, then a mean
 
@@ -152,9 +156,9 @@ def test_early_exit_runs_only_the_layers_it_needs(tiny_dir):
     ids = list(range(600, 650))
     calls, handles = count_calls(model)
     try:
-        speculate(model, ids, ScoreConfig(lookahead=0, window=8, score_layers="1", pool=1), set(), CPU)
+        speculate(model, ids, ScoreConfig(lookahead=0, window=8, score_layers="1", pool=1, rows="mean"), set(), CPU)
         assert calls == {"layers": [1, 1, 0], "norm": 0, "lm_head": 0}  # layers 0-1, no norm, no logits
-        speculate(model, ids, ScoreConfig(lookahead=2, window=8, score_layers="1", pool=1), set(), CPU)
+        speculate(model, ids, ScoreConfig(lookahead=2, window=8, score_layers="1", pool=1, rows="mean"), set(), CPU)
         assert calls["layers"] == [4, 4, 3] and calls["lm_head"] == 3  # look-ahead needs the whole model
     finally:
         for h in handles:
@@ -164,8 +168,8 @@ def test_early_exit_runs_only_the_layers_it_needs(tiny_dir):
 def test_batched_importance_equals_one_at_a_time(tiny_dir):
     model = load_causal_lm(tiny_dir, "float32", CPU).model
     prompts = [list(range(700, 763)), list(range(800, 840)), list(range(900, 1000)), list(range(20, 29))]
-    for cfg in (ScoreConfig(lookahead=0, window=16, score_layers="1", pool=5),
-                ScoreConfig(lookahead=3, window=4, score_layers="all", pool=5),
+    for cfg in (ScoreConfig(lookahead=0, window=16, score_layers="1", pool=5, rows="mean"),
+                ScoreConfig(lookahead=3, window=4, score_layers="all", pool=5, rows="mean"),
                 paper(4, 13)):
         together = speculate_batch(model, prompts, cfg, eos_ids=set(), device=CPU)
         for p, spec in zip(prompts, together):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from spcli.config import DTYPES, SelectConfig, _check
+from spcli.config import DTYPES, ROWS, SelectConfig, _check
 from spcli.evaluate.tasks import TASKS
 
 
@@ -20,8 +20,10 @@ class CalibrateConfig:
     keeps: tuple[float, ...] = (0.1, 0.2)  # the target must hold at every one
     windows: tuple[int, ...] = (16, 32, 64)  # observation windows W (last W prompt queries, causal)
     target_recall: float = 0.95  # mean fact-token recall each task must reach at each keep
+    max_cost: float | None = None  # speed budget: the best recall among layers costing at most this share of a forward
     pools: tuple[int, ...] = ()  # average-pool kernels swept; () = the model's one (spcli.profiles)
     chunks: tuple[int, ...] = ()  # selection chunks swept; () = the model's one
+    rows: tuple[str, ...] = ()  # row aggregations swept (mean, max); () = the model's one
     paper: bool = True  # also score the paper's recipe (every layer, look-ahead 8) for reference
     write_profile: bool = False  # store the choice where `spcli run` picks it up
     dtype: str | None = None
@@ -44,6 +46,9 @@ class CalibrateConfig:
         _check(all(c >= 1 for c in self.chunks), f"--chunk values must be >= 1, got {self.chunks}")
         _check(len(set(self.pools)) == len(self.pools) and len(set(self.chunks)) == len(self.chunks),
                f"--pool / --chunk have repeats: {self.pools} / {self.chunks}")
+        _check(self.max_cost is None or 0.0 < self.max_cost <= 1.0, f"--max-cost must be in (0, 1], got {self.max_cost}")
+        _check(all(r in ROWS for r in self.rows) and len(set(self.rows)) == len(self.rows),
+               f"--rows values must be {' or '.join(ROWS)}, without repeats, got {self.rows}")
         _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
     @property

@@ -212,7 +212,7 @@ def run_flags(cfg: KeepForConfig, policy: float | str) -> str:
     else:
         flags.append(f"--keep {policy:g}")
     user_score = {"window": cfg.score.window, "lookahead": cfg.score.lookahead, "score-layers": cfg.score.score_layers,
-                  "pool": cfg.score.pool, "chunk": cfg.select.chunk}
+                  "pool": cfg.score.pool, "rows": cfg.score.rows, "chunk": cfg.select.chunk}
     flags += [f"--{k} {v}" for k, v in user_score.items() if v is not None]
     return "spcli run INPUT... --out DIR " + " ".join(flags)
 

@@ -1,17 +1,21 @@
-"""Layer/window calibration: which single speculator layer, observation window, pool and chunk keep the facts.
+"""Layer/window calibration: which single speculator layer, observation window, pool, row aggregation and chunk
+keep the facts.
 
 Per prompt, one full speculator pass (every layer, no look-ahead, no cache) captures each layer's
 last max(W) post-RoPE query rows and its keys; per-layer forward hooks time that same pass. Then,
-for every layer l and setting (window W, pool P, chunk C), without running the model again:
+for every layer l and setting (window W, pool P, rows R, chunk C), without running the model again:
 
     p[h, s, :] = softmax(q[l, h, s] . K[l]^T / sqrt(D)) over keys j <= pos(s)   (causal rows), fp32
-    importance = mean over the last W rows of max_h avgpool_P(p)[h, s, :]        (DESIGN.md steps 2-5)
+    importance = R (mean or max) over the last W rows of max_h avgpool_P(p)[h, s, :]   (DESIGN.md steps 2-5)
 
 selection in chunks of C at every keep, and fact-token recall = the fraction of the needle sentences'
 tokens kept. cost(l) = the share of the full forward spent up to the end of layer l (embeddings
-included): what an early-exit speculator scoring at layer l pays. The choice: the cheapest (layer,
-setting), ties to the higher mean recall, then the smaller window, whose mean recall reaches the
-target on every task at every keep.
+included): what an early-exit speculator scoring at layer l pays. The choice (`recommend`): without a
+cost cap, the cheapest (layer, setting), ties to the higher mean recall, then the smaller window, whose
+mean recall reaches the target on every task at every keep; with `max_cost` C, the (layer, setting) of
+cost <= C with the best worst-case recall (the most recall the speed budget buys), ties to the higher
+mean recall, then the cheaper, then the smaller window; each task and keep is then checked against the
+target.
 """
 
 from __future__ import annotations
@@ -42,28 +46,31 @@ from spcli.evaluate.metrics import covered
 from spcli.evaluate.tasks import GENERATION_ROOM, Example, task_examples
 from spcli.io.outdir import make_out_dir
 from spcli.io.records import Record
-from spcli.kernels.score import smooth
-
+from spcli.kernels.score import reduce_rows, smooth
 
 
 @dataclass(frozen=True)
 class Setting:
-    """How one layer's window rows become kept tokens: observation window, pool kernel, selection chunk."""
+    """How one layer's window rows become kept tokens: observation window, pool kernel, row aggregation, chunk.
+    rows defaults to mean, what results written before --rows hold."""
 
     window: int
     pool: int
     chunk: int
+    rows: str = "mean"
 
 
-def settings_of(windows: tuple[int, ...], pools: tuple[int, ...], chunks: tuple[int, ...]) -> list[Setting]:
-    """Every combination, windows outer, then pools, then chunks."""
-    return [Setting(w, p, c) for w in windows for p in pools for c in chunks]
+def settings_of(windows: tuple[int, ...], pools: tuple[int, ...], chunks: tuple[int, ...],
+                rows: tuple[str, ...] = ("mean",)) -> list[Setting]:
+    """Every combination, windows outer, then pools, then row aggregations, then chunks."""
+    return [Setting(w, p, c, r) for w in windows for p in pools for r in rows for c in chunks]
 
 
-def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int, ...], pools: tuple[int, ...]) -> torch.Tensor:
-    """One layer's importance for each (pool, window). query: [H, R, D], the last R prompt rows (row s sits at
-    position n - R + s); key: [KVH, n, D]. Returns [len(pools), len(windows), n] float32; the softmax is computed
-    once for all of them; a window longer than R uses R rows."""
+def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int, ...], pools: tuple[int, ...],
+                      rows: tuple[str, ...] = ("mean",)) -> torch.Tensor:
+    """One layer's importance for each (pool, rows, window). query: [H, R, D], the last R prompt rows (row s sits
+    at position n - R + s); key: [KVH, n, D]. Returns [len(pools), len(rows), len(windows), n] float32; the softmax
+    is computed once for all of them; a window longer than R uses R rows."""
     num_heads, num_rows, head_dim = query.shape
     num_kv_heads, n, _ = key.shape
     group = num_heads // num_kv_heads
@@ -75,7 +82,8 @@ def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int
     out = []
     for pool in pools:
         best = smooth(probs, pool).amax(dim=0)  # [R, n]
-        out.append(torch.stack([best[-min(w, num_rows):].mean(dim=0) for w in windows]))
+        out.append(torch.stack([torch.stack([reduce_rows(best[-min(w, num_rows):], r) for w in windows])
+                                for r in rows]))
     return torch.stack(out)
 
 
@@ -87,10 +95,11 @@ def sweep_prompt(queries: torch.Tensor, keys: list[torch.Tensor], spans: list[tu
     if not spans:
         return recall
     windows, pools = tuple(sorted({s.window for s in settings})), tuple(sorted({s.pool for s in settings}))
+    rows = tuple(sorted({s.rows for s in settings}))
     for layer, key in enumerate(keys):
-        importance = window_importance(queries[layer], key, windows, pools).cpu()  # [NP, NW, n]
+        importance = window_importance(queries[layer], key, windows, pools, rows).cpu()  # [NP, NR, NW, n]
         for i, s in enumerate(settings):
-            scores = importance[pools.index(s.pool), windows.index(s.window)]
+            scores = importance[pools.index(s.pool), rows.index(s.rows), windows.index(s.window)]
             chunked = dataclasses.replace(select, chunk=s.chunk)
             for k, keep in enumerate(keeps):
                 recall[layer, i, k] = covered(select_tokens(scores, chunked, keep), spans)
@@ -106,25 +115,46 @@ class Choice:
     cost: float  # share of the full speculator forward
     worst: float  # the lowest of the per-task mean recalls over the keeps asked
     meets_target: bool
+    rows: str = "mean"
+    max_cost: float | None = None  # the speed budget the choice was made under; None = the cheapest meeting target
 
 
-def recommend(recall: dict[str, np.ndarray], costs: list[float], settings: list[Setting], target: float) -> Choice:
-    """recall: per task, the mean over its prompts [L, NS, NK]. Every task must reach `target` at every keep
-    (a multi-fact task is not outvoted by easy single needles); the cheapest such (layer, setting) wins; at equal
-    cost (the settings of one layer) the higher mean recall, then the smaller window, then the earlier setting.
-    Where none does, the one with the best worst-case recall, marked below target."""
+def recommend(recall: dict[str, np.ndarray], costs: list[float], settings: list[Setting], target: float,
+              max_cost: float | None = None) -> Choice:
+    """recall: per task, the mean over its prompts [L, NS, NK].
+
+    max_cost None: every task must reach `target` at every keep (a multi-fact task is not outvoted by easy single
+    needles); the cheapest such (layer, setting) wins; at equal cost (the settings of one layer) the higher mean
+    recall, then the smaller window, then the earlier setting. Where none does, the one with the best worst-case
+    recall, marked below target.
+    max_cost C: among the (layer, setting) of cost <= C, the best worst-case recall; ties to the higher mean recall,
+    then the cheaper, then the smaller window. Where no layer is that cheap, the cheapest layer's best setting
+    (its cost shows that it is over the budget)."""
     stacked = np.stack(list(recall.values()))  # [T, L, NS, NK]
     worst = np.nanmin(stacked, axis=(0, 3))  # [L, NS]
     mean = np.nanmean(stacked, axis=(0, 3))  # [L, NS]
     order = sorted((costs[l], -mean[l, i], settings[i].window, i, l) for l in range(worst.shape[0]) for i in range(len(settings)))
     order = [(l, i) for *_, i, l in order]
-    meeting = [c for c in order if worst[c] >= target]
-    if meeting:
-        l, i = meeting[0]
-    else:  # the best worst case; among equals the first, i.e. the cheapest
-        l, i = order[max(range(len(order)), key=lambda j: (worst[order[j]], -j))]
+    if max_cost is not None:
+        fits = [c for c in order if costs[c[0]] <= max_cost] or [c for c in order if costs[c[0]] == costs[order[0][0]]]
+        l, i = fits[max(range(len(fits)), key=lambda j: (worst[fits[j]], mean[fits[j]], -j))]
+    else:
+        meeting = [c for c in order if worst[c] >= target]
+        if meeting:
+            l, i = meeting[0]
+        else:  # the best worst case; among equals the first, i.e. the cheapest
+            l, i = order[max(range(len(order)), key=lambda j: (worst[order[j]], -j))]
     s = settings[i]
-    return Choice(l, s.window, s.pool, s.chunk, costs[l], float(worst[l, i]), bool(meeting))
+    return Choice(l, s.window, s.pool, s.chunk, costs[l], float(worst[l, i]), bool(worst[l, i] >= target), s.rows,
+                  max_cost)
+
+
+def run_flags(cfg: CalibrateConfig, choice: Choice) -> str:
+    """The `spcli run` flags that score as the choice does (early exit at its layer, no look-ahead)."""
+    flags = [f"--model {cfg.model}"] + ([f"--speculator {cfg.speculator}"] if cfg.speculator else [])
+    flags += [f"--score-layers {choice.layer} --window {choice.window} --lookahead 0 --pool {choice.pool} "
+              f"--rows {choice.rows} --chunk {choice.chunk}"]
+    return "spcli run INPUT... --out DIR " + " ".join(flags)
 
 
 def timed_pass(model: nn.Module, ids: list[int], cap: QueryCapture, device: torch.device) -> tuple[list[float], float]:
@@ -180,15 +210,16 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     m = load_stack(cfg.model, speculator, cfg.dtype, cfg.device, with_base=parse_self(speculator) is not None)
     model = m.speculator
     num_layers = model.config.num_hidden_layers
-    defaults, _ = profiles.score_defaults(cfg.model, m.path, m.speculator_name)  # unset pools and chunks: the model's
-    cfg = dataclasses.replace(cfg, pools=cfg.pools or (defaults["pool"],), chunks=cfg.chunks or (defaults["chunk"],))
-    settings = settings_of(cfg.windows, cfg.pools, cfg.chunks)
+    defaults, _ = profiles.score_defaults(cfg.model, m.path, m.speculator_name)  # unset pools, rows, chunks: the model's
+    cfg = dataclasses.replace(cfg, pools=cfg.pools or (defaults["pool"],), chunks=cfg.chunks or (defaults["chunk"],),
+                              rows=cfg.rows or (defaults["rows"],))
+    settings = settings_of(cfg.windows, cfg.pools, cfg.chunks, cfg.rows)
     # the speculator's layers are measured in its own tokens (another tokenizer than the base's: its own)
     own = m.speculator_tokens
     tokenizer, max_positions = (m.tokenizer, m.max_positions) if own is None else (own.tokenizer, own.max_positions)
     examples = build_examples(cfg, tokenizer, max_positions, log)
     log(f"calibrate: {len(examples)} prompts, speculator {m.speculator_name} ({num_layers} layers), windows "
-        f"{', '.join(map(str, cfg.windows))}, pools {', '.join(map(str, cfg.pools))}, chunks {', '.join(map(str, cfg.chunks))}, keep {', '.join(map(str, cfg.keeps))}, device {m.device}")
+        f"{', '.join(map(str, cfg.windows))}, pools {', '.join(map(str, cfg.pools))}, rows {', '.join(cfg.rows)}, chunks {', '.join(map(str, cfg.chunks))}, keep {', '.join(map(str, cfg.keeps))}, device {m.device}")
     per_task: dict[str, list[np.ndarray]] = {t: [] for t in cfg.tasks}
     paper: dict[str, list[list[float]]] = {t: [] for t in cfg.tasks}
     fractions, paper_ratio, rows = [], [], []
@@ -223,13 +254,13 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     if not recall:
         raise SpcliError("no prompt had a fact whose tokens could be located; use tasks with needles (niah, niah-multi, multidoc-qa)")
     costs = np.median(np.array(fractions), axis=0).tolist()  # per layer; monotone like each pass's marks
-    choice = recommend(recall, costs, settings, cfg.target_recall)
+    choice = recommend(recall, costs, settings, cfg.target_recall, cfg.max_cost)
     results = {
         "config": cfg.to_dict(), "model_path": str(m.path), "speculator": m.speculator_name, "scoring": m.scoring,
         "num_layers": num_layers,
         "costs": costs, "settings": [dataclasses.asdict(s) for s in settings], "keeps": list(cfg.keeps),
         "tasks": list(recall), "grid": report.grid(recall, costs, settings, cfg.keeps),
-        "choice": dataclasses.asdict(choice),
+        "choice": dataclasses.asdict(choice), "run_flags": run_flags(cfg, choice),
         "paper": {"recall": {t: dict(zip(map(str, cfg.keeps), np.nanmean(np.array(v), axis=0).tolist()))
                              for t, v in paper.items() if v},
                   "cost": float(np.median(paper_ratio))} if cfg.paper else None,
@@ -240,10 +271,11 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     }
     if cfg.write_profile:
         score = {"window": choice.window, "lookahead": 0, "score_layers": str(choice.layer), "pool": choice.pool,
-                 "chunk": choice.chunk}
-        chosen = report.cell(recall, choice.layer, settings.index(Setting(choice.window, choice.pool, choice.chunk)),
-                             cfg.keeps)
+                 "rows": choice.rows, "chunk": choice.chunk}
+        setting = Setting(choice.window, choice.pool, choice.chunk, choice.rows)
+        chosen = report.cell(recall, choice.layer, settings.index(setting), cfg.keeps)
         evidence = {"choice": results["choice"], "recall": chosen, "costs": costs, "target": cfg.target_recall,
+                    "max_cost": cfg.max_cost,
                     "tasks": list(recall), "lengths": list(cfg.lengths), "samples": cfg.samples, "seed": cfg.seed,
                     "results": str(out.resolve() / "results.json")}
         results["profile"] = str(profiles.write_profile(m.path, m.speculator_name, score, evidence))

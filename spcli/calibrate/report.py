@@ -1,6 +1,7 @@
 """Calibrate output: the (layer, setting) grid, a terminal table, results.json and calibrate.png (matplotlib Agg).
 
-A setting is a (window, pool, chunk) of spcli.calibrate.layers.Setting; results hold them as dicts."""
+A setting is a (window, pool, rows, chunk) of spcli.calibrate.layers.Setting; results hold them as dicts (results
+written before --rows have no rows: mean)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from spcli.config import PAPER_CHUNK, PAPER_SCORE
 MARKERS = ("o", "s", "^", "v", "D", "x")
 
 
-SETTING = ("window", "pool", "chunk")
+SETTING = ("window", "pool", "rows", "chunk")
 TABLE_ALL_UP_TO = 3  # settings per layer printed in full; beyond, each layer's best (results.json has all)
 
 
@@ -33,7 +34,7 @@ def grid(recall: dict[str, np.ndarray], costs: list[float], settings: list, keep
             c = cell(recall, layer, i, keeps)
             worst = min((v for per_keep in c.values() for v in per_keep.values() if not math.isnan(v)), default=math.nan)
             mean = float(np.nanmean([v for per_keep in c.values() for v in per_keep.values()] or [math.nan]))
-            out.append({"layer": layer, "window": s.window, "pool": s.pool, "chunk": s.chunk, "cost": cost,
+            out.append({"layer": layer, "window": s.window, "pool": s.pool, "rows": s.rows, "chunk": s.chunk, "cost": cost,
                         "recall": c, "worst": worst, "mean": mean})
     return out
 
@@ -44,17 +45,30 @@ def _rank(e: dict) -> tuple:
     return (-nan_low(e["worst"]), -nan_low(e["mean"]))
 
 
+def _key(e: dict) -> tuple:
+    """An entry's or a choice's (layer, window, pool, rows, chunk)."""
+    return tuple(e.get(k, "mean") for k in ("layer",) + SETTING)
+
+
+def shortfalls(results: dict) -> list[str]:
+    """task@keep (recall) where the choice's mean recall is below the target."""
+    target, choice = results["config"]["target_recall"], results["choice"]
+    entry = next(e for e in results["grid"] if _key(e) == _key(choice))
+    return [f"{t}@{k} ({_num(v)})" for t, per_keep in entry["recall"].items() for k, v in per_keep.items()
+            if not v >= target]
+
+
 def shown(results: dict) -> list[dict]:
     """The table's rows: every entry for a few settings, else each layer's best plus the choice."""
     if len(results["settings"]) <= TABLE_ALL_UP_TO:
         return results["grid"]
-    choice = tuple(results["choice"][k] for k in ("layer",) + SETTING)
+    choice = _key(results["choice"])
     out = []
     for layer in range(len(results["costs"])):
         entries = [e for e in results["grid"] if e["layer"] == layer]
         best = sorted(entries, key=_rank)[0]
         out.append(best)
-        chosen = [e for e in entries if tuple(e[k] for k in ("layer",) + SETTING) == choice and e is not best]
+        chosen = [e for e in entries if _key(e) == choice and e is not best]
         out += chosen
     return out
 
@@ -64,34 +78,45 @@ def _num(v: float) -> str:
 
 
 def text_table(results: dict) -> str:
-    """layer, window, pool, chunk, recall per task and keep, the worst of them, cost; the choice marked with *."""
+    """layer, window, pool, rows, chunk, recall per task and keep, the worst of them, cost; the choice marked with *;
+    then the choice, how it meets the target per task and keep, and its `spcli run` flags."""
     keeps, tasks, choice = [str(k) for k in results["keeps"]], results["tasks"], results["choice"]
     header = ["layer", *SETTING] + [f"{t}@{k}" for t in tasks for k in keeps] + ["worst", "cost"]
     rows = [header]
-    key = ("layer",) + SETTING
     for e in shown(results):
-        mark = "*" if all(e[k] == choice[k] for k in key) else ""
-        rows.append([f"{mark}{e['layer']}"] + [str(e[k]) for k in SETTING]
+        mark = "*" if _key(e) == _key(choice) else ""
+        rows.append([f"{mark}{e['layer']}"] + [str(e.get(k, "mean")) for k in SETTING]
                     + [_num(e["recall"][t][k]) for t in tasks for k in keeps] + [_num(e["worst"]), _num(e["cost"])])
     paper = results.get("paper")
     if paper:
         recall = [paper["recall"].get(t, {}).get(k, math.nan) for t in tasks for k in keeps]
-        rows.append(["all", f"la{PAPER_SCORE['lookahead']}", str(PAPER_SCORE["pool"]), str(PAPER_CHUNK)] + [_num(v) for v in recall]
+        rows.append(["all", f"la{PAPER_SCORE['lookahead']}", str(PAPER_SCORE["pool"]), PAPER_SCORE["rows"], str(PAPER_CHUNK)]
+                    + [_num(v) for v in recall]
                     + [_num(min(recall, default=math.nan)), _num(paper["cost"])])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    target = results["config"]["target_recall"]
-    verdict = (f"meets the target {target} on every task at every keep" if choice["meets_target"] else
-               f"is BELOW the target {target}: no configuration reaches it on every task at every keep; this one has "
-               "the best worst-case recall")
+    target, max_cost = results["config"]["target_recall"], choice.get("max_cost")
+    if max_cost is None:
+        verdict = (f"meets the target {target} on every task at every keep" if choice["meets_target"] else
+                   f"is BELOW the target {target}: no configuration reaches it on every task at every keep; this one "
+                   "has the best worst-case recall")
+    else:
+        budget = (f"the best worst-case recall at cost <= {max_cost:g}" if choice["cost"] <= max_cost else
+                  f"OVER the budget {max_cost:g}: no layer is that cheap; the cheapest layer's best")
+        short = shortfalls(results)
+        verdict = f"{budget}; " + (f"meets the target {target} on every task at every keep" if not short else
+                                   f"BELOW the target {target} at " + ", ".join(short))
     some = len(results["settings"]) > TABLE_ALL_UP_TO
     lines += ["", "recall: mean fraction of fact tokens kept per task and keep; worst: the lowest of them; cost: share of "
               "the full speculator forward up to that layer" + ("; all/la8: the paper's recipe (every layer, look-ahead 8, "
               "pool 13, chunk 32, cost relative to one full forward)" if paper else "")
               + ("; per layer its best setting and the choice (every setting in results.json)" if some else ""),
-              f"choice: layer {choice['layer']}, window {choice['window']}, pool {choice['pool']}, chunk {choice['chunk']} "
-              f"(cost {choice['cost']:.2f}, worst recall {choice['worst']:.2f}) {verdict}"]
+              f"choice: layer {choice['layer']}, window {choice['window']}, pool {choice['pool']}, rows "
+              f"{choice.get('rows', 'mean')}, chunk {choice['chunk']} (cost {choice['cost']:.2f}, worst recall "
+              f"{choice['worst']:.2f}) {verdict}"]
+    if results.get("run_flags"):
+        lines.append(f"run it: {results['run_flags']}")
     return "\n".join(lines)
 
 
@@ -114,13 +139,15 @@ def plot(results: dict, path: Path) -> Path:
     for ax, keep in zip(axes[0], keeps):
         for i, s in enumerate(settings):
             worst = [min((e["recall"][t][str(keep)] for t in results["tasks"]), default=math.nan)
-                     for e in results["grid"] if all(e[k] == s[k] for k in SETTING)]
+                     for e in results["grid"] if all(e.get(k, "mean") == s.get(k, "mean") for k in SETTING)]
             ax.plot(layers, worst, marker=MARKERS[i % len(MARKERS)], ms=3,
-                    label=f"W{s['window']} pool {s['pool']} chunk {s['chunk']}" if len(settings) > 1 else f"window {s['window']}")
+                    label=f"W{s['window']} pool {s['pool']} rows {s.get('rows', 'mean')} chunk {s['chunk']}"
+                    if len(settings) > 1 else f"window {s['window']}")
         ax.axhline(results["config"]["target_recall"], color="k", ls="--", lw=1, label="target")
         choice = results["choice"]
         ax.axvline(choice["layer"], color="tab:red", ls=":", lw=1,
-                   label=f"choice: layer {choice['layer']}, W{choice['window']} pool {choice['pool']} chunk {choice['chunk']}")
+                   label=f"choice: layer {choice['layer']}, W{choice['window']} pool {choice['pool']} "
+                         f"rows {choice.get('rows', 'mean')} chunk {choice['chunk']}")
         ax.set_xlabel("speculator layer (scoring alone)")
         ax.set_ylabel("fact-token recall (worst task)")
         ax.set_ylim(-0.05, 1.05)

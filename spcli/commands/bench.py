@@ -37,12 +37,13 @@ def register(app: typer.Typer) -> None:
         window: Annotated[Optional[int], typer.Option(help="Last W prompt tokens' queries score (causal); 0 = the last only. Default: the model's.")] = None,
         score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score: all, I, I-J, I,J,... Default: the model's.")] = None,
         pool: Annotated[Optional[int], typer.Option(help="Average-pool kernel over token scores (odd; 1 = none). Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
+        rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (mean).", show_default=False)] = None,
         chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
         keep_first: Annotated[int, typer.Option(help="First tokens always kept.")] = 4,
         keep_last: Annotated[int, typer.Option(help="Last tokens always kept.")] = 64,
         score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
         speculator_chunk: Annotated[int, typer.Option(help="Tokens per speculator prefill call, as `spcli run --speculator-chunk`.")] = SPECULATOR_CHUNK,
-        dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
+        dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there).")] = "auto",
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         json: Annotated[bool, typer.Option("--json", help="Print one JSON object per configuration instead of a table.")] = False,
         out: Annotated[Optional[str], typer.Option(help="Also write bench.json and bench_speedup.png into this directory.")] = None,
@@ -59,7 +60,7 @@ def register(app: typer.Typer) -> None:
             max_tokens=max_tokens, ttft_limit_s=ttft_limit, seed=seed, dtype=dtype, device=device, json=json,
             speculator_chunk=speculator_chunk,
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=0),
-            score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, impl=score_impl),
+            score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows, impl=score_impl),
         )
         results = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))
         typer.echo(json_lines(results) if cfg.json else text_table(results))

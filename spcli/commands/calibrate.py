@@ -23,17 +23,19 @@ def register(app: typer.Typer) -> None:
         keep: Annotated[Optional[str], typer.Option(help="Keep rates, comma-separated; the target must hold at each. With --keep-for: the rates swept (auto too). Default: 0.1,0.2; with --keep-for 0.05,0.1,0.2,0.3,0.5.", show_default=False)] = None,
         windows: Annotated[str, typer.Option(help="Observation windows W (the last W prompt queries, causal), comma-separated.")] = "16,32,64",
         target_recall: Annotated[float, typer.Option(help="Mean fact-token recall every task must reach at every keep.")] = 0.95,
+        max_cost: Annotated[Optional[float], typer.Option(help="Speed budget, as a share of one full speculator forward: the choice is the layer and setting with the best worst-case recall among those costing at most this (each task and keep is checked against --target-recall). Default: none, the cheapest that meets --target-recall.", show_default=False)] = None,
         pool: Annotated[Optional[str], typer.Option(help="Average-pool kernels over token scores (odd), comma-separated: each is swept. --keep-for: one, as `spcli run --pool`. Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
         chunk: Annotated[Optional[str], typer.Option(help="Selection chunks in tokens, comma-separated: each is swept. --keep-for: one, as `spcli run --chunk`. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
+        rows: Annotated[Optional[str], typer.Option(help="Row aggregations, comma-separated (mean, max): each is swept. --keep-for: one, as `spcli run --rows`. Default: the model's (mean).", show_default=False)] = None,
         no_paper: Annotated[bool, typer.Option("--no-paper", help="Do not also score the paper's recipe (every layer, look-ahead 8), the reference row.")] = False,
         out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json and calibrate.png; with --keep-for: results.json and keep_fidelity.png. (--write-profile writes the profile to ~/.cache/spcli/profiles/ or $SPCLI_CACHE/profiles/, not here.)")] = "out/calibrate",
-        write_profile: Annotated[bool, typer.Option("--write-profile", help="Store the choice as this model's profile: `spcli run` uses it where flags leave window, look-ahead, layers, pool and chunk unset.")] = False,
-        dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
+        write_profile: Annotated[bool, typer.Option("--write-profile", help="Store the choice as this model's profile: `spcli run` uses it where flags leave window, look-ahead, layers, pool, rows and chunk unset.")] = False,
+        dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there).")] = "auto",
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         seed: Annotated[int, typer.Option(help="Seed of the built-in tasks (with --keep-for: of the sample).")] = 0,
         target_agreement: Annotated[Optional[float], typer.Option(help="--keep-for: mean agreement of the first 16 greedy tokens with full prefill to reach (default 0.9).", show_default=False)] = None,
         target_kl: Annotated[Optional[float], typer.Option(help="--keep-for: mean first-token KL from full prefill to stay under, instead.", show_default=False)] = None,
-        keep_mass: Annotated[float, typer.Option(help="--keep-for: keep auto's mass, as `spcli run --keep-mass`.")] = 0.9,
+        keep_mass: Annotated[float, typer.Option(help="--keep-for: keep auto's mass, as `spcli run --keep-mass`.")] = 0.8,
         keep_min: Annotated[float, typer.Option(help="--keep-for: keep auto's least fraction, as `spcli run --keep-min`.")] = 0.05,
         keep_max: Annotated[float, typer.Option(help="--keep-for: keep auto's most fraction, as `spcli run --keep-max`.")] = 0.5,
         min_tokens: Annotated[int, typer.Option(help="--keep-for: prompts shorter than this are not pruned, as in `spcli run`.")] = 256,
@@ -44,9 +46,9 @@ def register(app: typer.Typer) -> None:
         prompt_field: Annotated[str, typer.Option(help="--keep-for: input field holding prompt text.")] = "prompt",
         messages_field: Annotated[str, typer.Option(help="--keep-for: input field holding chat messages.")] = "messages",
     ) -> None:
-        """Sweep every speculator layer, window, pool and chunk for fact-token recall and cost; recommend the cheapest that meets --target-recall.
+        """Sweep every speculator layer, window, pool, row aggregation and chunk for fact-token recall and cost; recommend the cheapest that meets --target-recall, or with --max-cost the best that fits the speed budget; print its `spcli run` flags.
 
-        One full speculator pass per prompt scores every (layer, window, pool, chunk, keep); cost(l) is the measured share of the full forward spent up to layer l, what an early-exit speculator (--score-layers l --lookahead 0) pays.
+        One full speculator pass per prompt scores every (layer, window, pool, rows, chunk, keep); cost(l) is the measured share of the full forward spent up to layer l, what an early-exit speculator (--score-layers l --lookahead 0) pays.
 
         With --keep-for INPUT...: on a seeded sample of your records (no labels), full prefill against each --keep rate and auto, on the stages `spcli run` uses; fidelity (first token, first 16 tokens, first-step KL) with 95% bootstrap CIs; the smallest kept fraction meeting --target-agreement (or --target-kl) and its `spcli run` flags; results.json and keep_fidelity.png in --out.
         """
@@ -61,13 +63,14 @@ def register(app: typer.Typer) -> None:
                              target_kl=target_kl, seed=seed, dtype=dtype, device=device, pool=_one(pool, "--pool"),
                              speculator_chunk=speculator_chunk,
                              select=dict(chunk=_one(chunk, "--chunk"), keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max, min_tokens=min_tokens),
-                             score=dict(window=window, lookahead=lookahead, score_layers=score_layers),
+                             score=dict(window=window, lookahead=lookahead, score_layers=score_layers, rows=rows),
                              fields=dict(prompt=prompt_field, messages=messages_field))
         cfg = CalibrateConfig(
             out=out, model=model, speculator=speculator, tasks=split_list(tasks, str, "--tasks"),
             lengths=split_list(lengths, int, "--lengths"), samples=samples or 8, keeps=split_list(keep or "0.1,0.2", float, "--keep"),
-            windows=split_list(windows, int, "--windows"), target_recall=target_recall, paper=not no_paper,
+            windows=split_list(windows, int, "--windows"), target_recall=target_recall, max_cost=max_cost, paper=not no_paper,
             pools=split_list(pool, int, "--pool") if pool else (), chunks=split_list(chunk, int, "--chunk") if chunk else (),
+            rows=split_list(rows, str, "--rows") if rows else (),
             write_profile=write_profile, dtype=dtype, device=device, seed=seed,
         )
         results = run_layers(cfg, log=lambda msg: typer.echo(msg, err=True))

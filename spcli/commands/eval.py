@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens for built-in tasks, comma-separated.")] = "2048",
         model: Annotated[str, typer.Option(help="Base model name, local folder, GGUF file or cached HF id.")] = "smollm2-135m",
         speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self:K. Default: the model's.")] = None,
-        keep: Annotated[str, typer.Option(help="Keep rates, comma-separated; 1.0 = full prefill; auto:P = keep auto with keep mass P (auto alone: P 0.9).")] = "0.1,0.3,0.5,1.0",
+        keep: Annotated[str, typer.Option(help="Keep rates, comma-separated; 1.0 = full prefill; auto:P = keep auto with keep mass P (auto alone: P 0.8, as `spcli run --keep-mass`).")] = "0.1,0.3,0.5,1.0",
         selector: Annotated[str, typer.Option(help="Selectors, comma-separated: specprefill, random, recency, sink-recency, self-information.")] = "specprefill,random,recency,sink-recency,self-information",
         samples: Annotated[int, typer.Option(help="Examples per task and length (or the first N input records).")] = 20,
         seed: Annotated[int, typer.Option(help="Seed of the built-in tasks and the random selector.")] = 0,
@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
         window: Annotated[Optional[int], typer.Option(help="Last W prompt tokens' queries score (causal); 0 = the last only. Default: the model's.")] = None,
         score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score: all, I, I-J, I,J,... Default: the model's.")] = None,
         pool: Annotated[Optional[int], typer.Option(help="Average-pool kernel over token scores (odd; 1 = none). Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
+        rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (mean).", show_default=False)] = None,
         chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
         keep_first: Annotated[int, typer.Option(help="First tokens always kept (not by `recency`).")] = 4,
         keep_last: Annotated[int, typer.Option(help="Last tokens always kept.")] = 64,
@@ -48,7 +49,7 @@ def register(app: typer.Typer) -> None:
         keep_max: Annotated[float, typer.Option(help="auto:P policies: the most fraction of a prompt kept.")] = 0.5,
         match_auto: Annotated[bool, typer.Option("--match-auto/--no-match-auto", help="Per auto:P policy, also run a fixed keep at its mean kept fraction and compare the two, paired.")] = True,
         speculator_chunk: Annotated[int, typer.Option(help="Tokens per speculator prefill call, as `spcli run --speculator-chunk`.")] = SPECULATOR_CHUNK,
-        dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32. Default: the model's.")] = None,
+        dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there).")] = "auto",
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         html: Annotated[bool, typer.Option(help="Also write a self-contained report.html.")] = False,
     ) -> None:
@@ -66,7 +67,7 @@ def register(app: typer.Typer) -> None:
             device=device, html=html, match_auto=match_auto, speculator_chunk=speculator_chunk,
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
                                 keep_min=keep_min, keep_max=keep_max),
-            score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool),
+            score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows),
         )
         results = run_eval(cfg, log=lambda msg: typer.echo(msg, err=True))
         typer.echo(text_table(results["summary"], html))

@@ -12,6 +12,7 @@ from torch import nn
 
 from spcli import models
 from spcli.device import pick_device
+from spcli.dtype import resolve_dtype
 from spcli.engine import capture
 from spcli.errors import ConfigError, ModelError
 
@@ -294,7 +295,7 @@ def load_stack(model: str, speculator: str | None = None, dtype: str | None = No
     speculator (resolved name; loaded lazily). `path`: the model's folder when already located.
     `needs_speculator`: refuse a sliding-window speculator now, before any weights load (else on first use)."""
     path = path or models.locate(model)
-    dtype = dtype or models.default_dtype(model)
+    dtype = resolve_dtype(dtype, model, pick_device(device))[0]
     tokenizer = load_tokenizer(path)
     eos_ids = eos_ids_of(path, tokenizer)
     pad = tokenizer.pad_token_id

@@ -52,14 +52,18 @@ def chunk_scores(importance: torch.Tensor, chunk: int) -> torch.Tensor:
 MASS_TOLERANCE = 1e-9  # a share that reaches keep_mass up to float rounding counts as reached
 
 
-def auto_budget(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tensor | None = None) -> int:
+def auto_budget(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tensor | None = None,
+                sharpen: bool = True) -> int:
     """keep = auto: the tokens kept for this prompt (DESIGN.md step 8).
 
-    Over the tokens that are not forced, chunk c's mass is the sum of their importance; chunks ranked by
-    it (ties: the earlier first), the fewest whose share of the total mass reaches keep_mass are taken.
-    The budget is the forced tokens plus those chunks' free tokens, clamped to
-    [ceil(keep_min * n), ceil(keep_max * n)]. Concentrated importance gives the minimum, flat importance
-    the maximum; no mass at all (every score 0) counts as flat.
+    Over the tokens that are not forced, chunk c has a mean score s_c and a mass m_c. With `sharpen` (the
+    default) the mass is what stands out of the prompt's own background, m_c = size_c * max(0, s_c - median_c s_c):
+    a prompt whose importance sits on a few chunks (one needle) puts its mass on those chunks, a prompt with many
+    peaks (several facts, a text to summarise) spreads it over many. Without it (the criterion before issue 20),
+    m_c = size_c * s_c: the floor that pooling and softmax leave on every token counts too, and 90% of the mass
+    needed most of any prompt. Chunks ranked by s_c (ties: the earlier first), the fewest whose share of the total
+    mass reaches keep_mass are taken; the budget is the forced tokens plus those chunks' free tokens, clamped to
+    [ceil(keep_min * n), ceil(keep_max * n)]. No mass at all (flat or zero scores) gives the maximum.
     """
     assert cfg.chunk is not None, "resolve the selection chunk first (spcli.profiles.resolve)"
     n = importance.shape[0]
@@ -68,13 +72,21 @@ def auto_budget(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tenso
     scores = importance.double().clamp(min=0.0) * free
     num_chunks = math.ceil(n / cfg.chunk)
     pad = num_chunks * cfg.chunk - n
-    mass = torch.nn.functional.pad(scores, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)  # [num_chunks]
+    summed = torch.nn.functional.pad(scores, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)  # [num_chunks]
     sizes = torch.nn.functional.pad(free, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)  # free tokens per chunk
     lo, hi = budget(n, cfg.keep_min), budget(n, cfg.keep_max)
+    is_free = sizes > 0
+    if not bool(is_free.any()):
+        return hi
+    mean = torch.where(is_free, summed / sizes.clamp(min=1.0), torch.zeros_like(summed))  # [num_chunks] s_c
+    mass = summed
+    if sharpen:
+        background = float(mean[is_free].median())
+        mass = (mean - background).clamp(min=0.0) * sizes
     total = float(mass.sum())
     if total <= 0.0:
         return hi
-    order = torch.sort(-mass, stable=True).indices
+    order = torch.sort(-mean if sharpen else -mass, stable=True).indices
     share = torch.cumsum(mass[order], dim=0) / total  # [num_chunks]
     num_taken = int((share < cfg.keep_mass - MASS_TOLERANCE).sum()) + 1  # fewest chunks reaching keep_mass
     wanted = int(forced.sum()) + int(sizes[order[:num_taken]].sum())

@@ -127,7 +127,7 @@ def speculate_batch(
         if rows > 1:
             limits = torch.tensor([*range(n - rows + 1, n + 1), *[n] * num_steps[b]], device=q.device)  # [S_b]
         importance = token_importance(q, [k[b, :, pad:width] for k in keys], pool=cfg.pool, impl=cfg.impl,
-                                      row_limits=limits)
+                                      row_limits=limits, rows=cfg.rows)
         if importance.is_cuda:
             torch.cuda.synchronize()
         share = forward_s * n / total

@@ -20,7 +20,7 @@ def split_list(text: str, kind: type, flag: str) -> tuple:
         raise ConfigError(f"{flag} takes a comma-separated list of {kind.__name__} values, got {text!r}") from None
 
 
-def parse_policy(text: str, default_mass: float = 0.9) -> float | str:
+def parse_policy(text: str, default_mass: float = SelectConfig.keep_mass) -> float | str:
     """One --keep value: a rate in (0, 1], or auto / auto:P (keep = auto with keep_mass P) -> "auto:P"."""
     text = text.strip().lower()
     if text == "auto" or text.startswith("auto:"):
@@ -37,7 +37,7 @@ def parse_policy(text: str, default_mass: float = 0.9) -> float | str:
         raise ConfigError(f"--keep takes rates in (0, 1] and auto:P policies, comma-separated, got {text!r}") from None
 
 
-def split_keeps(text: str, default_mass: float = 0.9) -> tuple:
+def split_keeps(text: str, default_mass: float = SelectConfig.keep_mass) -> tuple:
     return tuple(parse_policy(s, default_mass) for s in text.split(",") if s.strip())
 
 

@@ -29,7 +29,8 @@ def build_examples(cfg: EvalConfig, tokenizer, max_positions: int = 1 << 30, log
 
 
 def score_label(score) -> str:
-    return f"window {score.window}, look-ahead {score.lookahead}, layers {score.score_layers}, pool {score.pool}"
+    return (f"window {score.window}, look-ahead {score.lookahead}, layers {score.score_layers}, pool {score.pool}, "
+            f"rows {score.rows}")
 
 
 def environment() -> dict:

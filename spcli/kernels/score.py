@@ -6,7 +6,8 @@ post-RoPE) and head dim D. Row s sees the keys [0, limit[s]) only, 1 <= limit[s]
     logit[l, h, s, i] = q[l, h, s] . K[l, h // (H / KVH), i] / sqrt(D)      for i < limit[s], else -inf
     p[l, h, s, :]  = softmax(logit[l, h, s, :])                               over the n prompt keys, fp32
     p'[l, h, s, :] = avgpool(p[l, h, s, :], kernel=pool, stride=1, zero padding counted)  same length n
-    importance[i]  = mean_s max_{l, h} p'[l, h, s, i]
+    importance[i]  = mean_s max_{l, h} p'[l, h, s, i]      rows="mean" (the paper's)
+                   = max_s  max_{l, h} p'[l, h, s, i]      rows="max": a token one row attends to strongly counts
 
 Rows: an observation window (the last W prompt tokens' queries, row of prompt position t has limit
 t + 1; SnapKV, GemFilter) and look-ahead tokens (the paper's rows, limit n). row_limits=None: every
@@ -31,6 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from spcli.config import ROWS
 from spcli.errors import ConfigError
 from spcli.kernels.score_triton import HAS_TRITON, IS_INTERPRETED, importance_triton
 
@@ -76,13 +78,20 @@ def check_row_limits(row_limits: torch.Tensor, num_keys: torch.Tensor) -> None:
     assert not bool(bad.any()), f"row limits must lie in [1, n]: {row_limits[bad][:4].tolist()} ..."
 
 
+def reduce_rows(best: torch.Tensor, rows: str) -> torch.Tensor:
+    """best: [..., S, n], the max over layers and heads per row -> [..., n], the mean or max over the rows."""
+    assert rows in ROWS, f"rows must be one of {ROWS}, got {rows!r}"
+    return best.mean(dim=-2) if rows == "mean" else best.amax(dim=-2)
+
+
 def importance_reference(
-    queries: torch.Tensor, keys: Sequence[torch.Tensor], pool: int, row_limits: torch.Tensor | None = None
+    queries: torch.Tensor, keys: Sequence[torch.Tensor], pool: int, row_limits: torch.Tensor | None = None,
+    rows: str = "mean",
 ) -> torch.Tensor:
     """Reference importance for one prompt.
 
     queries: [L, H, S, D] query rows per layer; keys: L tensors [KVH, n, D] (views into a cache are
-    fine); row_limits: int [S] or None. Returns [n] float32.
+    fine); row_limits: int [S] or None; rows: mean | max over the rows. Returns [n] float32.
     """
     num_layers, _, num_steps, _ = queries.shape
     assert len(keys) == num_layers, f"{len(keys)} key layers for {num_layers} query layers"
@@ -93,26 +102,27 @@ def importance_reference(
     for layer in range(num_layers):
         probs = smooth(layer_probs(queries[layer], keys[layer], row_limits), pool)  # [H, S, n]
         best = torch.maximum(best, probs.amax(dim=0))
-    return best.mean(dim=0)
+    return reduce_rows(best, rows)
 
 
 def importance_naive(
-    queries: torch.Tensor, keys: Sequence[torch.Tensor], pool: int, row_limits: torch.Tensor | None = None
+    queries: torch.Tensor, keys: Sequence[torch.Tensor], pool: int, row_limits: torch.Tensor | None = None,
+    rows: str = "mean",
 ) -> torch.Tensor:
     """The materialising version (the paper's code path): builds [L, H, S, n] at once. Benchmarks only."""
     probs = torch.stack([layer_probs(queries[l], keys[l], row_limits) for l in range(len(keys))])  # [L, H, S, n]
-    return smooth(probs, pool).amax(dim=(0, 1)).mean(dim=0)
+    return reduce_rows(smooth(probs, pool).amax(dim=(0, 1)), rows)
 
 
 def importance_reference_packed(
     queries: torch.Tensor, cu_steps: torch.Tensor, keys: Sequence[torch.Tensor], cu_seqlens: torch.Tensor, pool: int,
-    row_limits: torch.Tensor | None = None,
+    row_limits: torch.Tensor | None = None, rows: str = "mean",
 ) -> torch.Tensor:
     """Reference for the packed layout: importance_reference on each prompt. Returns [N_total] float32."""
     steps, lens = cu_steps.tolist(), cu_seqlens.tolist()
     parts = [
         importance_reference(queries[:, :, steps[b] : steps[b + 1]], [k[:, lens[b] : lens[b + 1]] for k in keys], pool,
-                             None if row_limits is None else row_limits[steps[b] : steps[b + 1]])
+                             None if row_limits is None else row_limits[steps[b] : steps[b + 1]], rows)
         for b in range(len(lens) - 1)
     ]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32, device=queries.device)
@@ -153,13 +163,13 @@ def _int32(x: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
 
 def token_importance(
     queries: torch.Tensor, keys: Sequence[torch.Tensor], pool: int = 13, impl: str = "auto",
-    row_limits: torch.Tensor | None = None,
+    row_limits: torch.Tensor | None = None, rows: str = "mean",
 ) -> torch.Tensor:
-    """Dispatcher: importance [n] float32 for one prompt. impl: auto | torch | triton.
+    """Dispatcher: importance [n] float32 for one prompt. impl: auto | torch | triton; rows: mean | max.
 
     queries [L, H, S, D]; keys L x [KVH, n, D] (any strides, contiguous D); row_limits int [S] or None."""
     def reference() -> torch.Tensor:
-        return importance_reference(queries, keys, pool, row_limits)
+        return importance_reference(queries, keys, pool, row_limits, rows)
 
     if not _use_triton(impl, queries.device):
         return reference()
@@ -170,18 +180,19 @@ def token_importance(
     cu_steps = torch.tensor([0, num_steps], dtype=torch.int32, device=queries.device)
     cu_seqlens = torch.tensor([0, n], dtype=torch.int32, device=queries.device)
     return _kernel_or_reference(
-        impl, lambda: importance_triton(queries, cu_steps, keys, cu_seqlens, pool, n, num_steps, limits), reference)
+        impl, lambda: importance_triton(queries, cu_steps, keys, cu_seqlens, pool, n, num_steps, limits, rows=rows),
+        reference)
 
 
 def token_importance_packed(
     queries: torch.Tensor, cu_steps: torch.Tensor, keys: Sequence[torch.Tensor], cu_seqlens: torch.Tensor,
-    pool: int = 13, impl: str = "auto", row_limits: torch.Tensor | None = None,
+    pool: int = 13, impl: str = "auto", row_limits: torch.Tensor | None = None, rows: str = "mean",
 ) -> torch.Tensor:
     """Dispatcher for the packed layout: queries [L, H, S_total, D], keys L x [KVH, N_total, D], row_limits
     int [S_total] (each relative to its prompt's first key) or None. Returns [N_total] float32; no padding
     is scored."""
     def reference() -> torch.Tensor:
-        return importance_reference_packed(queries, cu_steps, keys, cu_seqlens, pool, row_limits)
+        return importance_reference_packed(queries, cu_steps, keys, cu_seqlens, pool, row_limits, rows)
 
     if not _use_triton(impl, queries.device):
         return reference()
@@ -195,6 +206,7 @@ def token_importance_packed(
         check_row_limits(limits, torch.repeat_interleave(lens, steps).to(queries.device))
     return _kernel_or_reference(
         impl,
-        lambda: importance_triton(queries, cu_steps32, keys, cu_seqlens32, pool, max_len, max_steps, limits),
+        lambda: importance_triton(queries, cu_steps32, keys, cu_seqlens32, pool, max_len, max_steps, limits,
+                                  rows=rows),
         reference,
     )

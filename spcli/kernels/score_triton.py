@@ -6,7 +6,8 @@ A row is one (query head, step) pair. Per layer, two launches:
                            over its split's keys below the row's limit -> part_max, part_sum [B, splits, H, S_max]
     _pooled_max_kernel     grid (tile, prompt): per block of steps, q.K^T again on a tile of n plus a pool // 2
                            halo, probabilities, pooling by a banded matmul, max over heads, folded into the
-                           running max [S_max, N_total]; the last layer writes the mean over steps instead.
+                           running max [S_max, N_total]; the last layer writes the mean (rows="mean") or
+                           the max (rows="max") over steps instead.
 
 Rows go through both kernels in blocks of BLOCK_G heads x BLOCK_S steps, at most _MAX_ROWS rows, so a
 tile's size does not grow with the window, the look-ahead or the GQA group (Llama-405B: 16 heads per key
@@ -112,7 +113,7 @@ if HAS_TRITON:
                            HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
                            POOL: tl.constexpr, BLOCK_W: tl.constexpr, POOL_PRECISION: tl.constexpr,
                            HAS_LIMITS: tl.constexpr, IS_FIRST_LAYER: tl.constexpr, IS_LAST_LAYER: tl.constexpr,
-                           IS_FP32_DOT: tl.constexpr):
+                           IS_FP32_DOT: tl.constexpr, IS_ROW_MAX: tl.constexpr):
         """Grid (tile, prompt): pooled probabilities of BLOCK_W - 2 * HALO positions, max over heads, into running."""
         HALO: tl.constexpr = POOL // 2
         tile, prompt = tl.program_id(0), tl.program_id(1)
@@ -128,7 +129,7 @@ if HAS_TRITON:
         splits = tl.arange(0, SPLITS_PAD)
         is_out = (j >= HALO) & (j < BLOCK_W - HALO) & (cols < n)
         out_cols = (tok0 + cols).to(tl.int64)
-        total = tl.zeros([BLOCK_W], tl.float32)  # last layer: sum over steps of the max over layers and heads
+        total = tl.zeros([BLOCK_W], tl.float32)  # last layer: sum (or max) over steps of the max over layers, heads
         for s0 in range(0, num_steps, BLOCK_S):
             best = tl.zeros([BLOCK_S, BLOCK_W], tl.float32)  # probabilities are >= 0, so 0 is the max's identity
             for kv_head in range(num_kv_heads):
@@ -159,11 +160,15 @@ if HAS_TRITON:
             if not IS_FIRST_LAYER:  # NaN propagates, so a position no earlier layer wrote shows up
                 best = tl.maximum(best, tl.load(ptrs, mask=is_running, other=0.0), propagate_nan=tl.PropagateNan.ALL)
             if IS_LAST_LAYER:
-                total += tl.sum(tl.where(is_step[:, None], best, 0.0), axis=0)
+                best = tl.where(is_step[:, None], best, 0.0)  # 0: the identity of both, probabilities are >= 0
+                if IS_ROW_MAX:
+                    total = tl.maximum(total, tl.max(best, axis=0), propagate_nan=tl.PropagateNan.ALL)
+                else:
+                    total += tl.sum(best, axis=0)
             else:
                 tl.store(ptrs, best, mask=is_running)
         if IS_LAST_LAYER:
-            tl.store(out_ptr + out_cols, total / num_steps, mask=is_out)
+            tl.store(out_ptr + out_cols, total if IS_ROW_MAX else total / num_steps, mask=is_out)
 
 
 _BLOCK_N = 128  # keys per step of the statistics pass
@@ -183,12 +188,12 @@ def row_blocks(group: int, max_steps: int, max_rows: int = _MAX_ROWS) -> tuple[i
 def importance_triton(
     queries: torch.Tensor, cu_steps: torch.Tensor, keys: Sequence[torch.Tensor], cu_seqlens: torch.Tensor,
     pool: int, max_len: int, max_steps: int, row_limits: torch.Tensor | None = None,
-    out: torch.Tensor | None = None, max_rows: int = _MAX_ROWS,
+    out: torch.Tensor | None = None, max_rows: int = _MAX_ROWS, rows: str = "mean",
 ) -> torch.Tensor:
     """Launch the kernels, two per layer. queries [L, H, S_total, D]; keys L x [KVH, N_total, D] with any
     strides but a contiguous last dim (cache views are read in place); cu_steps, cu_seqlens int32 [B+1] and
     row_limits int32 [S_total] (or None: all keys) on the same device; max_len, max_steps: the longest prompt
-    and step count. Returns out [N_total] fp32. Raises TypeError for dtypes the kernel does not take."""
+    and step count; rows: "mean" or "max" over the query rows. Returns out [N_total] fp32. Raises TypeError for dtypes the kernel does not take."""
     num_layers, num_heads, _, head_dim = queries.shape
     num_kv_heads, total_len, _ = keys[0].shape
     num_prompts = cu_seqlens.numel() - 1
@@ -206,6 +211,7 @@ def importance_triton(
     assert cu_seqlens.dtype == cu_steps.dtype == torch.int32 and cu_steps.numel() == num_prompts + 1
     assert row_limits is None or (row_limits.dtype == torch.int32 and row_limits.shape == queries.shape[2:3])
     assert max_steps >= 1, "at least one query row per prompt"
+    assert rows in ("mean", "max"), f"rows must be mean or max, got {rows!r}"
     if out is None:
         out = torch.empty(total_len, dtype=torch.float32, device=queries.device)
     assert out.shape == (total_len,) and out.dtype == torch.float32 and out.is_contiguous()
@@ -244,6 +250,6 @@ def importance_triton(
             num_kv_heads, num_splits, max_steps,
             group, block_g, block_s, head_dim, dim_pad, triton.next_power_of_2(num_splits),
             pool, block_w, _POOL_PRECISION, has_limits, layer == 0, layer == num_layers - 1, is_fp32_dot,
-            num_warps=8,
+            rows == "max", num_warps=8,
         )
     return out
