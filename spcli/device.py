@@ -43,3 +43,10 @@ def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on `device` (CUDA kernels run ahead of the host), so that a host clock read
+    next times it; nothing to wait for on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -5,9 +5,9 @@ without vLLM only the refusal tests run. Base: the real SmolLM2-135M-Instruct fo
 (hidden 576, 30 layers); speculator: conftest's tiny random Llama with SmolLM2's tokenizer (3 layers,
 hidden 64). Real sizes of the paper's pair: Llama-3.1-405B-FP8 base, Llama-3.1-8B speculator.
 
-vLLM start-ups (~30 s each here): two. One engine serves every in-process run (`spcli.run.build_engine`
+vLLM start-ups (~30 s each here): three. One engine serves every in-process run (`spcli.run.build_engine`
 is patched to hand it to a fresh VllmEngine); one subprocess goes through the real dispatch and is
-stopped by SIGTERM to its whole process group, as Slurm and Ctrl-C do.
+stopped by SIGTERM to its whole process group, as Slurm and Ctrl-C do; one runs tensor parallel 2.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spcli.cli import app
-from spcli.config import RunConfig, SelectConfig
+from spcli.config import RunConfig, ScoreConfig, SelectConfig, VllmConfig
 from spcli.errors import ConfigError
 from spcli.io.manifest import read_manifests
 
@@ -321,3 +321,45 @@ def test_keep_auto_runs_on_vllm(shared_engine, chat_jsonl, tiny_dir, tmp_path):
         n = row["num_prompt_tokens"]
         assert row["error"] is None and row["output"]
         assert 0.1 * n <= row["num_kept_tokens"] <= max(-(-6 * n // 10), 4 + 64) < n  # within the bounds; forced floor
+
+
+@needs_vllm
+def test_tensor_parallel_2_shares_the_speculator_between_both_ranks(tmp_path_factory, smollm2_dir):
+    """TP 2 on vLLM's CPU build (one CPU per rank): each rank's replica scores its share, and the importance
+    equals the driver's own loop (prepare.speculate_prompts, float32). The base is a tiny random Llama (4
+    heads, 2 KV heads: SmolLM2's 9 heads do not split in two); a second tiny model of the same tokenizer
+    speculates."""
+    import random
+
+    import torch
+
+    from conftest import build_tiny
+    from spcli.engine.load import load_causal_lm
+    from spcli.engine.prepare import prune, speculate_prompts
+    from spcli.engine.request import PrunedRequest
+    from spcli.engine.vllm_args import cpu_env_defaults
+    from spcli.engine.vllm_engine import VllmEngine
+
+    root = tmp_path_factory.mktemp("tp2")
+    base, spec = build_tiny(root / "base", smollm2_dir), build_tiny(root / "spec", smollm2_dir, seed=1)
+    score = ScoreConfig(lookahead=0, window=8, score_layers="1", pool=3)
+    cfg = RunConfig(inputs=("-",), out="-", model=str(base), speculator=str(spec), engine="vllm", dtype="float32",
+                    select=SelectConfig(keep=0.3, min_tokens=16, chunk=8), score=score, vllm=VllmConfig(tp=2))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (300, 200, 250, 120)]
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in cpu_env_defaults(2).items():
+            mp.setenv(key, value)
+        engine = VllmEngine(cfg)
+        try:
+            reqs = [PrunedRequest(f"r{i}", p, torch.arange(len(p)), 4, keep=0.3) for i, p in enumerate(prompts)]
+            pruned = prune(reqs, cfg.select, cfg.score, engine.stack)
+            ranks = engine.stack.speculate_remote.ranks_used
+        finally:
+            engine.close()
+    assert ranks == [0, 1]  # 300 + 120 tokens on one rank, 250 + 200 on the other
+    model = load_causal_lm(spec, "float32", torch.device("cpu")).model
+    ref = speculate_prompts(model, prompts, score, {2}, torch.device("cpu"))
+    for r, got in zip(ref, pruned, strict=True):
+        torch.testing.assert_close(got.importance, r.importance, rtol=1e-5, atol=1e-8)  # ranks run 1 thread each
+        assert got.kept.numel() == max(-(-3 * len(got.token_ids) // 10), 4 + 64)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from spcli.config import ScoreConfig, SelectConfig
+from spcli.device import synchronize
 from spcli.engine import hf_pass
 from spcli.engine.load import ModelStack
 from spcli.engine.prepare import prune
@@ -67,11 +68,6 @@ def _cross(m: ModelStack, text: str, max_prompt_tokens: int):
                           speculator_max_positions=spec.max_positions)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _requests(prompts: list[list[int]], keep: float, max_tokens: int) -> list[PrunedRequest]:
     return [PrunedRequest(f"bench-{i}", p, torch.arange(len(p)), max_tokens, keep=keep) for i, p in enumerate(prompts)]
 
@@ -81,7 +77,7 @@ def _generate(m: ModelStack, requests: list[PrunedRequest]):
 
 
 def run_full(m: ModelStack, prompts: list[list[int]], max_tokens: int) -> Timing:
-    _sync(m.device)
+    synchronize(m.device)
     t0 = time.perf_counter()
     gens = _generate(m, _requests(prompts, 1.0, max_tokens))
     ttft = time.perf_counter() - t0 - gens[0].decode_s
@@ -92,7 +88,7 @@ def run_spec(m: ModelStack, prompts: list[list[int]], keep: float, select: Selec
              max_tokens: int, chunk: int, texts: list[str] | None = None) -> Timing:
     """`texts`: the prompts' text (`as_text`) for a speculator of another tokenizer, which reads them in its
     own tokens; that tokenization and the alignment are timed with the rest."""
-    _sync(m.device)
+    synchronize(m.device)
     t0 = time.perf_counter()
     requests = _requests(prompts, keep, max_tokens)
     for r, text in zip(requests, texts or []):

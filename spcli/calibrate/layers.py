@@ -35,6 +35,7 @@ from spcli import models, profiles
 from spcli.calibrate import report
 from spcli.calibrate.config import CalibrateConfig
 from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig
+from spcli.device import synchronize
 from spcli.engine.capture import QueryCapture
 from spcli.engine.load import ModelStack, load_stack, parse_self
 from spcli.engine.select import select_tokens
@@ -160,7 +161,7 @@ def run_flags(cfg: CalibrateConfig, choice: Choice) -> str:
 def timed_pass(model: nn.Module, ids: list[int], cap: QueryCapture, device: torch.device) -> tuple[list[float], float]:
     """Run the whole speculator once (no cache, logits of the last token only) with `cap` recording; return the
     cumulative share of the forward's wall time at the end of each decoder layer [L], and that wall time."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = lambda: synchronize(device)  # noqa: E731
     marks: list[float] = []
 
     def mark(*_):

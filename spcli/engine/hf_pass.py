@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from spcli.device import synchronize
 from spcli.engine.request import Generation, PrunedRequest, TokenLogprob
 from spcli.stop import StopAtSafePoint
 
@@ -147,8 +148,7 @@ class _Batch:
         steps = _Steps([], [], [], [], [])
         next_ids = self.pick(logits)
         self.record(steps, logits, next_ids)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(device)
         t1 = time.perf_counter()
 
         done = torch.zeros(num_rows, dtype=torch.bool, device=device)  # [B]

@@ -27,6 +27,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from spcli.config import SPECULATOR_CHUNK, ScoreConfig
+from spcli.device import synchronize
 from spcli.engine.capture import QueryCapture
 from spcli.engine.load import decoder_prefix
 from spcli.kernels.score import token_importance
@@ -114,6 +115,7 @@ def speculate_batch(
                         past_key_values=cache, use_cache=True, logits_to_keep=1, spcli_capture=cap)
         keys = [cache.layers[layer].keys for layer in layers]  # after the look-ahead: the cache re-allocates
     queries = cap.queries()  # [L_s, B, H, S, D]
+    synchronize(device)  # CUDA runs ahead of the host: the clock waits for the forward passes to finish
     forward_s = time.perf_counter() - t0
     total = sum(map(len, prompts))
     out_specs = []
@@ -128,8 +130,7 @@ def speculate_batch(
             limits = torch.tensor([*range(n - rows + 1, n + 1), *[n] * num_steps[b]], device=q.device)  # [S_b]
         importance = token_importance(q, [k[b, :, pad:width] for k in keys], pool=cfg.pool, impl=cfg.impl,
                                       row_limits=limits, rows=cfg.rows)
-        if importance.is_cuda:
-            torch.cuda.synchronize()
+        synchronize(importance.device)
         share = forward_s * n / total
         out_specs.append(Speculation(importance.float().cpu(), q.shape[2], lookahead[b],
                                      share + time.perf_counter() - s0))
