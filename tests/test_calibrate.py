@@ -227,7 +227,7 @@ def test_cli_writes_results_plot_and_a_profile_that_flags_override(tiny_dir, tmp
 def test_a_separate_speculator_has_its_own_layers_swept_and_its_profile_used_by_run(tiny_dir, smollm2_dir, tmp_path, monkeypatch):
     """`--speculator FOLDER`: the speculator's layers (2 here, the base has 3) are swept with early exit in the
     speculator, and the profile is keyed by the base folder and that speculator, so `spcli run` picks it up."""
-    from conftest import build_tiny
+    from tiny_models import build_tiny
 
     from spcli import profiles
     from spcli.cli import app

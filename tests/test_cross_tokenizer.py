@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import build_tiny
+from tiny_models import build_tiny
 from spcli.cli import app
 from spcli.config import RunConfig, ScoreConfig, SelectConfig
 from spcli.engine.align import align, carry

@@ -283,7 +283,7 @@ def test_self_with_early_exit_keeps_what_the_hf_engine_keeps(vllm_base, chat_jso
     from spcli.engine.vllm_engine import VllmEngine
 
     self_args = ["--speculator", "self", "--lookahead", "0", "--window", "16", "--score-layers", "10"]
-    loaded = []
+    loaded, engines = [], []
     real = load.load_prefix
 
     def spy(path, num_layers, *args, **kw):
@@ -292,12 +292,19 @@ def test_self_with_early_exit_keeps_what_the_hf_engine_keeps(vllm_base, chat_jso
         return model
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(load, "load_prefix", spy)
-        mp.setattr(spcli.run, "build_engine", lambda cfg: VllmEngine(cfg, runner=vllm_base))
+        mp.setattr(load, "load_prefix", spy)  # seen in this process only: the driver placement's load
+        mp.setattr(spcli.run, "build_engine", lambda cfg: engines.append(VllmEngine(cfg, runner=vllm_base)) or engines[-1])
         code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "vllm"), "--engine", "vllm",
                                       *COMMON, *PRUNED, *self_args)
+        assert code == 0, (output, exc)
+        assert loaded == [] and engines[0].source.num_layers == 11  # workers: each replica loads 11 layers
+        code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "driver"), "--engine", "vllm",
+                                      *COMMON, *PRUNED, *self_args, "--speculator-placement", "driver")
     assert code == 0, (output, exc)
     assert [(n, layers) for n, layers, _ in loaded] == [(11, 11)]
+    assert read_rows(tmp_path / "driver").keys() == read_rows(tmp_path / "vllm").keys()
+    for rid, row in read_rows(tmp_path / "driver").items():
+        assert row["kept_indices"] == read_rows(tmp_path / "vllm")[rid]["kept_indices"], rid
     code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "hf"), "--engine", "hf",
                                   *COMMON, *PRUNED, *self_args)
     assert code == 0, (output, exc)
@@ -333,7 +340,7 @@ def test_tensor_parallel_2_shares_the_speculator_between_both_ranks(tmp_path_fac
 
     import torch
 
-    from conftest import build_tiny
+    from tiny_models import build_tiny
     from spcli.engine.load import load_causal_lm
     from spcli.engine.prepare import prune, speculate_prompts
     from spcli.engine.request import PrunedRequest
@@ -342,7 +349,7 @@ def test_tensor_parallel_2_shares_the_speculator_between_both_ranks(tmp_path_fac
 
     root = tmp_path_factory.mktemp("tp2")
     base, spec = build_tiny(root / "base", smollm2_dir), build_tiny(root / "spec", smollm2_dir, seed=1)
-    score = ScoreConfig(lookahead=0, window=8, score_layers="1", pool=3)
+    score = ScoreConfig(lookahead=0, window=8, score_layers="1", pool=3, rows="mean")
     cfg = RunConfig(inputs=("-",), out="-", model=str(base), speculator=str(spec), engine="vllm", dtype="float32",
                     select=SelectConfig(keep=0.3, min_tokens=16, chunk=8), score=score, vllm=VllmConfig(tp=2))
     rng = random.Random(0)

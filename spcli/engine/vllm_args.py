@@ -36,7 +36,7 @@ def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool) -> dict:
         quantization = None
     kwargs = {"quantization": quantization} if quantization else {}
     args = dict(
-        model=str(model_path), dtype=cfg.dtype or models.default_dtype(cfg.model),
+        model=str(model_path), dtype=models.default_dtype(cfg.model) if cfg.dtype in (None, "auto") else cfg.dtype,
         tensor_parallel_size=v.tp or (preset.tp if preset else 1),
         max_model_len=v.max_model_len or (preset.max_model_len if preset else None),
         max_num_batched_tokens=v.max_num_batched_tokens, max_num_seqs=v.max_num_seqs,
