@@ -93,7 +93,7 @@ def test_the_table_ends_with_the_closest_keep_per_criterion_as_run_flags_and_say
         "skipped 1 bad record(s): in.jsonl:line 2: malformed JSON (unexpected end)",
         "warning: 3 sampled records: 95% bootstrap CIs from fewer than 30 are rough and wide; raise --samples (on more "
         "records) before choosing by them",
-        "keep auto kept --keep-max 0.5 on 3 of 3 pruned prompts: --keep-mass 0.9 needs more there; raise --keep-max or "
+        "keep auto kept --keep-max 0.5 on 3 of 3 pruned prompts: --keep-mass 0.8 needs more there; raise --keep-max or "
         "lower --keep-mass",
         f"EM16 >= 0.9 (--target-agreement 0.9): not met in the sweep; closest keep 0.5 (EM16 0.25): {flags} 0.5; "
         "--keep 1.0 is full prefill",

@@ -26,7 +26,7 @@ from spcli.io.manifest import read_manifests
 from spcli.io.records import Record
 from spcli.profiles import resolve
 
-SCORE = ScoreConfig(window=32, lookahead=0, score_layers="14", pool=31)  # smollm2-135m's calibrated recipe
+SCORE = ScoreConfig(window=32, lookahead=0, score_layers="14", pool=31, rows="mean")  # smollm2-135m's calibrated recipe
 SELECT = SelectConfig(keep=0.1, chunk=8, keep_last=16, min_tokens=64)
 MESSAGES = [{"role": "system", "content": "Answer from the text. Ünïcödé ok: 東京 🙂."},
             {"role": "user", "content": "The café opened in 1987 in Zürich. " * 30 + "When did the café open?"}]
@@ -63,7 +63,7 @@ def test_same_tokenizer_pair_keeps_the_exact_index_path(tmp_path, tiny_dir):
     stack = load_stack(str(tiny_dir), str(spec_dir), "float32", "cpu")
     assert stack.speculator_tokens is None
     cfg = resolve(RunConfig(inputs=("x",), out="y", model=str(tiny_dir), speculator=str(spec_dir),
-                            select=SELECT, score=ScoreConfig(window=8, lookahead=2, score_layers="all", pool=3)),
+                            select=SELECT, score=ScoreConfig(window=8, lookahead=2, score_layers="all", pool=3, rows="mean")),
                   str(tiny_dir), tiny_dir, str(spec_dir))
     prepared = prepare(records(), cfg, stack)
     for rec, req in zip(records(), prepared):

@@ -27,7 +27,7 @@ def test_eval_carries_every_speculator_signal_to_the_base_tokens(tmp_path, tiny_
     cfg = EvalConfig(out=str(tmp_path), tasks=("niah",), lengths=(400,), model=str(tiny_other_dir),
                      speculator=str(tiny_dir), keeps=(0.2, 1.0), samples=1,
                      selectors=("specprefill", "specprefill-paper", "self-information", "random"),
-                     score=ScoreConfig(window=8, lookahead=2, score_layers="all", pool=3))
+                     score=ScoreConfig(window=8, lookahead=2, score_layers="all", pool=3, rows="mean"))
     cfg = resolve(cfg, cfg.model, m.path, m.speculator_name)
     (ex,) = task_examples(cfg.tasks, cfg.lengths, 1, 0, m.tokenizer, m.max_positions)
     ids, _ = prompt_ids(m, ex, cfg)

@@ -134,7 +134,7 @@ def test_a_model_without_preset_falls_back_to_self_with_early_exit_at_its_middle
         assert models.default_speculator(name) == "self"
         defaults, source = profiles.score_defaults(name, path, "self")
         assert defaults == {"window": 32, "lookahead": 0, "score_layers": str((num_layers - 1) // 2),
-                            "pool": 13, "chunk": 32}
+                            "pool": 13, "rows": "mean", "chunk": 32}
         assert source == "fallback: early exit at the middle layer"
     assert profiles.score_defaults(str(tiny_dir), tiny_dir, "self:1")[0]["score_layers"] == "0"  # within the K layers
     written = profiles.write_profile(folder, "self", {"window": 16, "lookahead": 0, "score_layers": "1"}, {})
@@ -162,7 +162,8 @@ def test_spcli_run_on_a_gguf_file_uses_the_fallback_and_says_so(tmp_path, cache,
                                    "--min-tokens", "16", "--keep-last", "8", "--max-tokens", "3", "--device", "cpu"])
     assert res.exit_code == 0, res.output + repr(res.exception)
     line = next(l for l in res.output.splitlines() if l.startswith("INFO speculator: "))
-    assert line == ("INFO speculator: self (lookahead 0, window 32, score_layers 0, pool 13, impl auto); settings from "
+    assert line == ("INFO speculator: self, same tokenizer (lookahead 0, window 32, score_layers 0, pool 13, rows mean, "
+                    "impl auto); settings from "
                     f"fallback: early exit at the middle layer; `spcli calibrate --model {gguf_file} --speculator self` "
                     "measures them for this model")
     rows = read_outputs(out)

@@ -72,7 +72,7 @@ def test_settings_source_names_flags_profile_preset_or_fallback(cache, tiny_dir)
     hint = f"; `spcli calibrate --model {name} --speculator self` measures them for this model"
     assert source(name, tiny_dir, "self") == "fallback: early exit at the middle layer" + hint
     assert source(name, tiny_dir, "self", window=8) == "flags (window), the rest from fallback: early exit at the middle layer" + hint
-    assert source(name, tiny_dir, "self", window=8, lookahead=2, score_layers="all", pool=3, chunk=4) == "flags"
+    assert source(name, tiny_dir, "self", window=8, lookahead=2, score_layers="all", pool=3, rows="max", chunk=4) == "flags"
     path = profiles.write_profile(tiny_dir, "self", {"window": 16, "lookahead": 0, "score_layers": "1"}, {})
     assert source(name, tiny_dir, "self") == f"profile {path}"
 

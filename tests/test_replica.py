@@ -20,8 +20,8 @@ from spcli.engine.replica import Replica, SpeculatorSource, balance, decode, enc
 from spcli.engine.speculate import Speculation
 from spcli.errors import RecordError
 
-WINDOW = ScoreConfig(lookahead=0, window=8, score_layers="1", pool=3)
-LOOKAHEAD = ScoreConfig(lookahead=3, window=4, score_layers="all", pool=1)
+WINDOW = ScoreConfig(lookahead=0, window=8, score_layers="1", pool=3, rows="mean")
+LOOKAHEAD = ScoreConfig(lookahead=3, window=4, score_layers="all", pool=1, rows="max")
 
 
 def test_shares_are_balanced_by_tokens_longest_first():

@@ -220,8 +220,8 @@ def chunk_cases():
     boundaries (e.g. 16 rows over chunks of 7); chunk 1; a chunk longer than the prompt."""
     one, batch = [list(range(400, 463))], [list(range(700, 763)), list(range(800, 840)), list(range(900, 1000)),
                                            list(range(20, 29))]
-    early = ScoreConfig(lookahead=0, window=16, score_layers="1", pool=5)
-    ahead = ScoreConfig(lookahead=3, window=5, score_layers="all", pool=5)
+    early = ScoreConfig(lookahead=0, window=16, score_layers="1", pool=5, rows="mean")
+    ahead = ScoreConfig(lookahead=3, window=5, score_layers="all", pool=5, rows="mean")
     return [(one, early, (1, 7, 10, 64)), (one, ahead, (7, 62)), (one, paper(2, 13), (10,)),
             (batch, early, (7, 20)), (batch, ahead, (33,))]
 
@@ -256,7 +256,7 @@ def test_chunks_run_each_prompt_column_once(tiny_dir):
     model = load_causal_lm(tiny_dir, "float32", CPU).model
     calls, handles = count_calls(model)
     try:
-        speculate_batch(model, [list(range(600, 650))], ScoreConfig(lookahead=0, window=8, score_layers="1", pool=1),
+        speculate_batch(model, [list(range(600, 650))], ScoreConfig(lookahead=0, window=8, score_layers="1", pool=1, rows="mean"),
                         set(), CPU, chunk=16)
         assert calls == {"layers": [4, 4, 0], "norm": 0, "lm_head": 0}  # 50 columns in chunks of 16
     finally:

@@ -60,6 +60,7 @@ def write_shards(folder: Path, num_shards: int, rows: int) -> list[str]:
 
 def submit(inputs: Path, out: Path, *options: str, run_args=()) -> str:
     res = CliRunner().invoke(app, ["slurm", "submit", str(inputs), "--out", str(out), "--gpus-per-task", "0",
+                                   "--cpus-per-task", "1",  # the test cluster's node has 2 CPUs (a CPU model's default: 8)
                                    "--spcli", SPCLI, *options, "--", *run_args])
     assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
     return res.stdout.split()[2].rstrip(":")  # "submitted job 12: ..."
