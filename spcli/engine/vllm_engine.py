@@ -176,9 +176,10 @@ class WorkerSpeculator:
                 replies = self.llm.collective_rpc("spcli_speculate", args=(
                     self.source, [[prompts[i] for i in share] for share in shares], dataclasses.asdict(score),
                     self.eos_ids, chunk))
-        except Exception as e:  # a worker's exception comes back as a plain Exception with its message
+        except Exception as e:  # a worker's exception (or a stop signal's cancel) comes back as a plain Exception
             _raise_engine_died(e)
-            raise
+            raise EngineDied(f"vLLM's workers failed while speculating ({e}); committed rows are safe: run the same "
+                             "command again to resume") from e
         replies = sorted(replies, key=lambda r: r["rank"])
         self.ranks_used = [r["rank"] for r, share in zip(replies, shares) if share]
         return gather(shares, replies, len(prompts), time.perf_counter() - t0)
