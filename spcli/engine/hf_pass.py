@@ -25,6 +25,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from spcli.device import synchronize
+from spcli.engine.batching import left_pad, length_groups
 from spcli.engine.request import Generation, PrunedRequest, TokenLogprob
 from spcli.stop import StopAtSafePoint
 
@@ -35,18 +36,7 @@ PADDING_SLACK = 256  # ... plus this many pad tokens per row: a bucket costs a d
 def length_buckets(lengths: list[int]) -> list[list[int]]:
     """Indices grouped by length, shortest first; a bucket's padded size B*M stays within
     MAX_PADDING * (its real tokens) + PADDING_SLACK * B."""
-    buckets: list[list[int]] = []
-    real = 0
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        b = buckets[-1] if buckets else None
-        size = len(b) + 1 if b else 1
-        if b and lengths[i] * size <= MAX_PADDING * (real + lengths[i]) + PADDING_SLACK * size:
-            b.append(i)
-            real += lengths[i]
-        else:
-            buckets.append([i])
-            real = lengths[i]
-    return buckets
+    return length_groups(lengths, longest_first=False, max_padding=MAX_PADDING, slack_per_row=PADDING_SLACK)
 
 
 @torch.inference_mode()
@@ -124,19 +114,9 @@ class _Batch:
             should_stop) -> list[Generation]:
         prompts, device = self.prompts, self.device
         num_rows = len(prompts)
-        lengths = [int(p.kept.numel()) for p in prompts]
-        width = max(lengths)
-        input_ids = torch.full((num_rows, width), pad_id, dtype=torch.long)
-        position_ids = torch.zeros((num_rows, width), dtype=torch.long)
-        attention_mask = torch.zeros((num_rows, width), dtype=torch.long)
-        for b, p in enumerate(prompts):
-            m = lengths[b]
-            input_ids[b, width - m :] = p.kept_ids()
-            position_ids[b, width - m :] = p.kept
-            attention_mask[b, width - m :] = 1
-        is_padded = min(lengths) < width
-        input_ids, position_ids = input_ids.to(device), position_ids.to(device)
-        mask = attention_mask.to(device) if is_padded else None
+        batch = left_pad([p.kept_ids() for p in prompts], [p.kept for p in prompts], device, fill=pad_id)
+        input_ids, position_ids = batch.input_ids, batch.position_ids
+        mask = batch.attention_mask if batch.is_padded else None
         next_pos = torch.tensor([p.num_prompt_tokens for p in prompts], device=device)  # [B] n
 
         t_start = time.perf_counter()

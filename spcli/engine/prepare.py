@@ -13,6 +13,7 @@ import torch
 from spcli.config import AUTO, SPECULATOR_CHUNK, RunConfig, ScoreConfig, SelectConfig
 from spcli.device import free_memory
 from spcli.engine.align import carry
+from spcli.engine.batching import length_groups
 from spcli.engine.load import ModelStack
 from spcli.engine.request import PrunedRequest
 from spcli.engine.select import is_pruned, select_tokens
@@ -67,20 +68,10 @@ SPECULATOR_BATCH_TOKENS = 32768  # padded tokens per speculator forward
 MAX_PADDING = 1.125  # a group's padded size over its real tokens
 
 
-def length_groups(lengths: list[int], max_tokens: int = SPECULATOR_BATCH_TOKENS) -> list[list[int]]:
+def speculator_groups(lengths: list[int], max_tokens: int = SPECULATOR_BATCH_TOKENS) -> list[list[int]]:
     """Indices grouped for batched speculator passes: longest first, each group padded by at most
     MAX_PADDING and at most max_tokens padded tokens (a longer prompt goes alone)."""
-    groups: list[list[int]] = []
-    real = 0
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        g = groups[-1] if groups else None
-        if g and lengths[g[0]] * (len(g) + 1) <= min(max_tokens, MAX_PADDING * (real + lengths[i])):
-            g.append(i)
-            real += lengths[i]
-        else:
-            groups.append([i])
-            real = lengths[i]
-    return groups
+    return length_groups(lengths, longest_first=True, max_padding=MAX_PADDING, max_tokens=max_tokens)
 
 
 def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfig, stack: ModelStack,
@@ -120,12 +111,12 @@ def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_i
     """One Speculation (or the RecordError of a prompt that ran out of memory alone) per prompt, in order.
 
     The one speculator loop, run by the hf engine, eval, bench and each vLLM worker replica: prompts of
-    similar length share one pass (length_groups; importance is the same as alone), prefilled `chunk`
+    similar length share one pass (speculator_groups; importance is the same as alone), prefilled `chunk`
     tokens per call; a pass that runs out of memory is retried one prompt at a time.
     """
     out: list[Speculation | RecordError | None] = [None] * len(prompts)
     done = 0
-    for group in length_groups(list(map(len, prompts))):
+    for group in speculator_groups(list(map(len, prompts))):
         if should_stop():
             raise StopAtSafePoint
         on_stage(f"speculating {done + 1}-{done + len(group)} of {len(prompts)} prompts")

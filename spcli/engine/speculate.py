@@ -1,6 +1,6 @@
 """Speculator pass: score every prompt token from the speculator's attention (DESIGN.md steps 1-6).
 
-A batch of B prompts is left-padded to its longest length T, so every prompt ends at column T - 1:
+A batch of B prompts is left-padded to its longest length T (`batching.left_pad`), so every prompt ends at column T - 1:
 
     input_ids      [B, T]  pad on the left
     attention_mask [B, T]  0 on padding
@@ -28,6 +28,7 @@ from transformers import DynamicCache
 
 from spcli.config import SPECULATOR_CHUNK, ScoreConfig
 from spcli.device import synchronize
+from spcli.engine.batching import Padded, left_pad
 from spcli.engine.capture import QueryCapture
 from spcli.engine.load import decoder_prefix
 from spcli.kernels.score import token_importance
@@ -39,27 +40,6 @@ class Speculation:
     num_query_rows: int  # prompt rows + look-ahead steps actually scored (EOS ends the look-ahead)
     lookahead_ids: list[int]  # the greedy look-ahead tokens
     speculate_s: float  # this prompt's share of the batch's forward passes + its scoring
-
-
-@dataclass
-class Padded:
-    input_ids: torch.Tensor  # [B, T]
-    attention_mask: torch.Tensor  # [B, T]
-    position_ids: torch.Tensor  # [B, T]
-    pads: list[int]  # padding before prompt b
-
-
-def left_pad(prompts: list[list[int]], device: torch.device) -> Padded:
-    width = max(map(len, prompts))
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    pads = [width - len(p) for p in prompts]
-    for b, (p, pad) in enumerate(zip(prompts, pads)):
-        ids[b, pad:] = torch.tensor(p)
-        ids[b, :pad] = p[0]  # any real id: masked out
-        mask[b, pad:] = 1
-    positions = (torch.arange(width).expand(len(prompts), width) - torch.tensor(pads)[:, None]).clamp(min=0)
-    return Padded(ids.to(device), mask.to(device), positions.to(device), pads)
 
 
 def prefill(model: nn.Module, batch: Padded, cache: DynamicCache, cap: QueryCapture, chunk: int, **kwargs):
@@ -84,7 +64,7 @@ def speculate_batch(
     assert chunk >= 1, f"chunk must be >= 1, got {chunk}"
     t0 = time.perf_counter()
     layers = cfg.layers(getattr(model, "spcli_num_layers", model.config.num_hidden_layers))  # load_prefix sets it
-    batch = left_pad(prompts, device)
+    batch = left_pad([torch.tensor(p) for p in prompts], [torch.arange(len(p)) for p in prompts], device)
     width = batch.input_ids.shape[1]
     cap = QueryCapture(layers, cfg.num_prompt_rows, width)
     num_steps = [0] * len(prompts)  # look-ahead rows of each prompt
