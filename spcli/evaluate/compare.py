@@ -12,6 +12,7 @@ for the plots; `spcli bench` measures speed properly.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +33,29 @@ from spcli.profiles import resolve
 
 def load_models(cfg: EvalConfig) -> ModelStack:
     return load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device)
+
+
+@dataclass(frozen=True)
+class OtherSpeculator:
+    """A speculator compared with the first one (`--speculator A,B,...`): its rows are `specprefill@B`."""
+
+    label: str  # the selector name in rows and tables: specprefill@NAME
+    stack: ModelStack  # the base's stack with this speculator (base weights and tokenizer shared)
+    cfg: EvalConfig  # scoring and selection resolved for this pair, selectors ("specprefill",)
+
+
+def other_speculators(m: ModelStack, cfg: EvalConfig) -> list[OtherSpeculator]:
+    """`cfg` before resolution: flags hold for every speculator, the rest resolves per pair (profile, preset or
+    fallback), as `spcli run --speculator B` would."""
+    out = []
+    for name in cfg.extra_speculators:
+        load.check_speculator_attention(m.path, m.name, name, m.max_positions)
+        stack = dataclasses.replace(m, speculator_name=name, _speculator=None, _speculator_tokens=None,
+                                    _is_tokens_checked=False)
+        own = resolve(dataclasses.replace(cfg, speculator=name, extra_speculators=(), selectors=("specprefill",)),
+                      cfg.model, m.path, name)
+        out.append(OtherSpeculator(f"specprefill@{name}", stack, own))
+    return out
 
 
 @dataclass
@@ -103,8 +127,10 @@ def example_signals(m: ModelStack, example: Example, ids: list[int], cfg: EvalCo
     return carried(signals, alignment)
 
 
-def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: Signals | None = None) -> ExampleResult:
-    """`signals`: the example's speculator pass when already made (run.matched_keeps makes them first)."""
+def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: Signals | None = None,
+                     others: list[OtherSpeculator] = ()) -> ExampleResult:
+    """`signals`: the example's speculator pass when already made (run.matched_keeps makes them first).
+    `others`: more speculators, each scored as SpecPrefill, pruned in the same batched base passes."""
     cfg = resolve(cfg, cfg.model, m.path, m.speculator_name)
     ids, max_tokens = prompt_ids(m, example, cfg)
     n = len(ids)
@@ -127,6 +153,9 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
         own_cost["specprefill"] = signals.speculate_s
         own_cost["self-information"] = signals.speculate_s + signals.surprisal_s
         own_cost["specprefill-paper"] = signals.paper_s
+    other_signals = {o.label: example_signals(o.stack, example, ids, o.cfg) for o in others}
+    own_cost.update({label: s.speculate_s for label, s in other_signals.items() if s is not None})
+    names = [*cfg.selectors, *other_signals]
     seed = random_seed(cfg.seed, example.id)
 
     for keep in sorted(set(cfg.keeps), key=policy_order):
@@ -137,20 +166,23 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
             t0 = time.perf_counter()
             chosen[s] = select(s, n, signals if s in USES_SPECULATOR else None, select_cfg, rate, seed)
             select_s[s] = time.perf_counter() - t0
-        pruned = [s for s in cfg.selectors if chosen[s].numel() < n]
-        gens: dict[str, Generation] = {s: ref for s in cfg.selectors if s not in pruned}
+        for o in others:
+            t0 = time.perf_counter()
+            chosen[o.label] = select("specprefill", n, other_signals[o.label], policy_select(o.cfg.select, keep)[0], rate, seed)
+            select_s[o.label] = time.perf_counter() - t0
+        pruned = [s for s in names if chosen[s].numel() < n]
+        gens: dict[str, Generation] = {s: ref for s in names if s not in pruned}
         share = {s: ref.prefill_s for s in gens}
         if pruned:
             out = run([request(chosen[s]) for s in pruned])
             gens.update(zip(pruned, out))
             share.update({s: out[0].prefill_s / len(pruned) for s in pruned})
-        for s in cfg.selectors:
+        for s in names:
             cost = own_cost[s] if s in pruned else 0.0
             timing = {"ttft_s": cost + select_s[s] + share[s], "prefill_s": share[s], "selector_s": cost,
                       "select_s": select_s[s]}
             text = gens[s].text
             result.rows.append(_row(example, s, keep, n, chosen[s], gens[s], ref, text, spans, cfg, timing))
-        names = list(cfg.selectors)
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
                 result.overlaps.append({"id": example.id, "task": example.task, "keep": keep, "a": a, "b": b,

@@ -69,6 +69,7 @@ class EvalConfig:
     lengths: tuple[int, ...] = (2048,)  # target prompt tokens of built-in tasks
     model: str = "smollm2-135m"
     speculator: str | None = None  # None = the model's default
+    extra_speculators: tuple[str, ...] = ()  # `--speculator A,B,...`: B... compared with A, rows `specprefill@B`
     keeps: tuple[float | str, ...] = (0.1, 0.3, 0.5, 1.0)  # rates, and "auto:P" policies (keep auto, keep_mass P)
     selectors: tuple[str, ...] = SELECTORS
     samples: int = 20  # per task and length (built-in), or the first N records of the inputs
@@ -101,6 +102,8 @@ class EvalConfig:
         _check(self.bootstrap >= 100, f"--bootstrap must be >= 100 resamples, got {self.bootstrap}")
         _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_speculator_chunk(self.speculator_chunk)
+        names = (self.speculator, *self.extra_speculators)
+        _check(len(set(names)) == len(names), f"--speculator names a speculator twice: {', '.join(map(str, names))}")
 
     @property
     def pruned_keeps(self) -> tuple[float | str, ...]:

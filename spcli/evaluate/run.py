@@ -11,9 +11,10 @@ import torch
 import transformers
 
 from spcli.evaluate import report
-from spcli.evaluate.compare import evaluate_example, load_models
+from spcli.evaluate.compare import evaluate_example, load_models, other_speculators
 from spcli.evaluate.config import EvalConfig, is_auto
 from spcli.evaluate.inputs import read_examples
+from spcli.evaluate.journal import Journal, fingerprint
 from spcli.evaluate.matched import compare_matched, matched_keeps, with_matched
 from spcli.evaluate.summary import summarize
 from spcli.evaluate.tasks import Example, task_examples
@@ -26,6 +27,15 @@ def build_examples(cfg: EvalConfig, tokenizer, max_positions: int = 1 << 30, log
     if cfg.inputs:
         examples += read_examples(cfg.inputs, cfg.samples)
     return examples
+
+
+def interleaved(examples: list[Example]) -> list[Example]:
+    """Round-robin over the tasks, in their order: an eval stopped early (to resume later) has run every task alike."""
+    by_task: dict[str, list[Example]] = {}
+    for ex in examples:
+        by_task.setdefault(ex.task, []).append(ex)
+    queues = list(by_task.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
 def score_label(score) -> str:
@@ -46,29 +56,40 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     t_start = time.perf_counter()
     env_start = environment()
     m = load_models(cfg)
+    others = other_speculators(m, cfg)
     cfg = resolve(cfg, cfg.model, m.path, m.speculator_name)
-    examples = build_examples(cfg, m.tokenizer, m.max_positions, log)
+    examples = interleaved(build_examples(cfg, m.tokenizer, m.max_positions, log))
     scoring = m.scoring if cfg.pruned_keeps else None  # keep 1.0 alone never reads the speculator
     log(f"eval: {len(examples)} examples, selectors {', '.join(cfg.selectors)}, keep {', '.join(map(str, cfg.keeps))}, "
         f"speculator {m.speculator_name}{f', {scoring}' if scoring else ''} ({score_label(cfg.score)}), device {m.device}")
+    compared = [{"label": o.label, "speculator": o.stack.speculator_name, "scoring": o.stack.scoring,
+                 "score": dataclasses.asdict(o.cfg.score), "chunk": o.cfg.select.chunk} for o in others]
+    for o, c in zip(others, compared):
+        log(f"eval: also {o.label}, {c['scoring']} ({score_label(o.cfg.score)}, chunk {c['chunk']})")
     matched, signals = {}, {}
     if cfg.match_auto and any(is_auto(k) for k in cfg.keeps):
         matched, signals = matched_keeps(m, examples, cfg, log)
         cfg = with_matched(cfg, matched)
+    journal = Journal(out, fingerprint(cfg.to_dict(), dtype=m.dtype, speculator=m.speculator_name, scoring=scoring,
+                                  matched=matched, compared=compared), log)
     rows, overlaps = [], []
+    t_loop, num_run = time.perf_counter(), 0
     for i, ex in enumerate(examples):
-        t0 = time.perf_counter()
-        res = evaluate_example(m, ex, cfg, signals.pop(ex.id, None))
-        rows += res.rows
-        overlaps += res.overlaps
-        elapsed = time.perf_counter() - t_start
-        eta = elapsed / (i + 1) * (len(examples) - i - 1)
-        full = res.rows[0]
-        log(f"[{i + 1}/{len(examples)}] {ex.id}: {full['num_prompt_tokens']} tokens, {time.perf_counter() - t0:.1f} s, "
-            f"full says {full['output']!r}; ETA {eta:.0f} s")
+        if ex.id not in journal.done:
+            t0 = time.perf_counter()
+            res = evaluate_example(m, ex, cfg, signals.pop(ex.id, None), others)
+            journal.add(ex.id, res.rows, res.overlaps)
+            num_run += 1
+            eta = (time.perf_counter() - t_loop) / num_run * sum(e.id not in journal.done for e in examples[i + 1 :])
+            full = res.rows[0]
+            log(f"[{i + 1}/{len(examples)}] {ex.id}: {full['num_prompt_tokens']} tokens, {time.perf_counter() - t0:.1f} s, "
+                f"full says {full['output']!r}; ETA {eta:.0f} s")
+        rows += journal.done[ex.id]["rows"]
+        overlaps += journal.done[ex.id]["overlaps"]
     summary = summarize(rows, overlaps, cfg.bootstrap, cfg.seed)
     results = {
         "config": cfg.to_dict(), "speculator": m.speculator_name, "scoring": scoring, "score": dataclasses.asdict(cfg.score),
+        "compared_speculators": compared,
         "environment": env_start,
         "load_average_end": os.getloadavg(), "wall_s": time.perf_counter() - t_start,
         "summary": summary, "matched_keeps": matched, "matched": compare_matched(rows, matched, cfg.bootstrap, cfg.seed),

@@ -1,0 +1,83 @@
+"""An eval's results as it goes: one line per finished example in `examples.jsonl`, so an interrupted
+`spcli eval` resumes where it stopped (same --out, same settings) instead of starting again.
+
+    eval_state.json   what the rows depend on (the config less out/bootstrap/html/samples, the resolved dtype,
+                      the speculators, their scoring and the matched keeps); a resume with other settings is
+                      refused, naming the fields; a larger --samples adds examples
+    examples.jsonl    {"id", "rows", "overlaps"} per example, appended, flushed and fsync'ed after each one;
+                      a torn last line (the process died mid-write) is dropped and that example runs again
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from spcli.errors import ConfigError
+from spcli.io.commit import atomic_write_bytes
+
+STATE = "eval_state.json"
+EXAMPLES = "examples.jsonl"
+# change the report, not the rows; an example's id names its task, length, seed and index, so a larger --samples
+# resumes and adds examples (the auto policies' matched keeps, which depend on every example, are fingerprinted)
+NOT_FINGERPRINTED = ("out", "bootstrap", "html", "samples")
+
+
+def fingerprint(cfg_dict: dict, **resolved) -> dict:
+    """What an example's rows depend on: the config without the report-only fields, plus `resolved` (dtype,
+    speculators, scoring), as JSON values."""
+    fields = {k: v for k, v in cfg_dict.items() if k not in NOT_FINGERPRINTED}
+    return json.loads(json.dumps({**fields, **resolved}, default=str))
+
+
+class Journal:
+    """The finished examples of one eval directory; `add` makes each one durable before the next starts."""
+
+    def __init__(self, out: Path, state: dict, log=print) -> None:
+        self.path = out / EXAMPLES
+        self.done: dict[str, dict] = {}
+        state_path = out / STATE
+        if state_path.exists() and self.path.exists():
+            old = json.loads(state_path.read_text())
+            differ = sorted(k for k in old.keys() | state.keys() if old.get(k) != state.get(k))
+            if differ:
+                raise ConfigError(f"{out} holds an eval made with other settings ({', '.join(differ)} differ): "
+                                  f"give another --out, or remove {state_path.name} and {EXAMPLES} to start again")
+            self.done = self._read()
+            if self.done:
+                log(f"eval: resuming in {out}: {len(self.done)} examples already done ({EXAMPLES})")
+        else:
+            self.path.unlink(missing_ok=True)
+            atomic_write_bytes(state_path, json.dumps(state, indent=1).encode())
+
+    def _read(self) -> dict[str, dict]:
+        done = {}
+        lines = self.path.read_bytes().split(b"\n")
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:  # torn last write: that example runs again
+                    break
+                raise ConfigError(f"{self.path}: line {i + 1} is not JSON; remove the file to start the eval again") from None
+            done[entry["id"]] = entry
+        self._truncate_to_whole_lines()
+        return done
+
+    def _truncate_to_whole_lines(self) -> None:
+        data = self.path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        if end != len(data):
+            with open(self.path, "r+b") as f:
+                f.truncate(end)
+
+    def add(self, example_id: str, rows: list[dict], overlaps: list[dict]) -> None:
+        entry = {"id": example_id, "rows": rows, "overlaps": overlaps}
+        with open(self.path, "ab") as f:
+            f.write(json.dumps(entry, allow_nan=True).encode() + b"\n")  # NaN as JSON's NaN, as results.json
+            f.flush()
+            os.fsync(f.fileno())
+        self.done[example_id] = entry
