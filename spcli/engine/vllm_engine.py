@@ -60,75 +60,85 @@ def self_layers(speculator: str, score: ScoreConfig, num_layers: int) -> int:
 
 class VllmEngine:
     def __init__(self, cfg: RunConfig, log=lambda msg: None, runner=None):
-        """`runner`: an already started VllmRunner to reuse (tests, benches); else one is started here."""
+        """`runner`: an already started VllmRunner to reuse (tests, benches); else one is started here.
+
+        The stack is made once, with its final fields: the driver placement's device (pick_device is NVML's
+        count, no CUDA before vLLM starts; the workers placement holds no model here: CPU, for tokenizing),
+        the self speculator's layers, and what the runner decides (max_positions, the reserve's prompt
+        bound, the worker speculator)."""
         self.cfg = cfg
         self.log = log
-        self.stack = load.load_stack(cfg.model, cfg.speculator, cfg.dtype, "cpu", with_base=False)
-        name = self.stack.speculator_name
+        self.placement = cfg.vllm.speculator_placement
+        device = pick_device(cfg.device) if self.placement == "driver" else pick_device("cpu")
+        stack = load.load_stack(cfg.model, cfg.speculator, cfg.dtype, str(device), with_base=False)
+        self.model_config = read_model_config(stack.path)  # read once: layers, RoPE table
+        name = stack.speculator_name
         self.source = None  # what the speculator loads (checked before vLLM starts); None: it cannot run here
         if load.parse_self(name) is None:
-            self.source = self.stack.speculator_source()
+            self.source = stack.speculator_source()
         elif cfg.score.lookahead:
             if cfg.select.prunes:  # at --keep 1.0 only a record's own keep could need it: an error row
                 raise ConfigError(self_speculator_refusal(name, cfg.model))
         else:
-            num_layers = int(read_model_config(self.stack.path)["num_hidden_layers"])
-            self.stack.speculator_layers = self_layers(name, cfg.score, num_layers)
-            self.source = self.stack.speculator_source()
+            layers = self_layers(name, cfg.score, int(self.model_config["num_hidden_layers"]))
+            stack = dataclasses.replace(stack, speculator_layers=layers)
+            self.source = stack.speculator_source()
         platform = _import_vllm()  # no CUDA runtime call before this (spcli/device.py); vLLM sets the NVML check too
-        self.placement = cfg.vllm.speculator_placement
-        if self.placement == "driver":
-            self.stack.device = pick_device(cfg.device)
         self.owns_runner = runner is None
-        self.runner = runner if runner is not None else self._start_runner(platform)
-        self.stack.max_positions = self.runner.max_positions
-        if self.placement == "workers" and self.source is not None:
-            self.stack.speculate_remote = WorkerSpeculator(self.runner.llm, self.source, self.stack.speculator_eos_ids)
+        max_prompt_len = None
+        if runner is None:
+            runner, max_prompt_len = self._start_runner(platform, stack)
+        self.runner = runner
+        remote = (WorkerSpeculator(runner.llm, self.source, stack.speculator_eos_ids)
+                  if self.placement == "workers" and self.source is not None else None)
+        self.stack = dataclasses.replace(
+            stack, max_positions=runner.max_positions, speculate_remote=remote, max_prompt_len=max_prompt_len,
+            prompt_len_flag="--max-model-len (it sizes the speculator's share of the GPU)" if max_prompt_len else "")
 
-    def _start_runner(self, current_platform):
+    def _start_runner(self, current_platform, stack: load.ModelStack):
+        """(the runner, the longest prompt the speculator's reserve is sized for, or None without a reserve)."""
         from spcli.engine.vllm_pass import VllmRunner, VllmRunnerConfig
 
-        args = engine_args(self.cfg, self.stack.path, current_platform.is_cpu())
+        args = engine_args(self.cfg, stack.path, current_platform.is_cpu())
+        max_prompt_len = None
         if current_platform.is_cpu():
             for key, value in cpu_env_defaults(args["tensor_parallel_size"]).items():
                 os.environ.setdefault(key, value)
-        elif "gpu_memory_utilization" not in args and self._shares_gpu(args["tensor_parallel_size"]):
-            index = (self.stack.device.index or 0) if self.placement == "driver" else 0
+        elif "gpu_memory_utilization" not in args and self._shares_gpu(args["tensor_parallel_size"], stack.device):
+            index = (stack.device.index or 0) if self.placement == "driver" else 0
             total = current_platform.get_device_total_memory(index)  # NVML: no CUDA init here
-            share = self._speculator_share(args["max_model_len"], total)
-            self.stack.max_prompt_len = self._reserve_tokens(args["max_model_len"])  # longer: an error row, not an OOM
-            self.stack.prompt_len_flag = "--max-model-len (it sizes the speculator's share of the GPU)"
+            share = self._speculator_share(args["max_model_len"], total, stack.dtype)
+            max_prompt_len = self._reserve_tokens(args["max_model_len"])  # longer: an error row, not an OOM
             args["gpu_memory_utilization"] = share.gpu_memory_utilization
-            where = "on every GPU" if self.placement == "workers" else f"on {self.stack.device}"
+            where = "on every GPU" if self.placement == "workers" else f"on {stack.device}"
             self.log(f"speculator reserve {share.reserve.total / GiB:.1f} GiB of {total / GiB:.1f} GiB {where}: "
                      f"gpu_memory_utilization={share.gpu_memory_utilization} (spcli plan shows the terms)")
         self.log("starting vLLM: " + ", ".join(f"{k}={v}" for k, v in args.items() if k != "engine_kwargs"))
-        return VllmRunner(VllmRunnerConfig(**args), self.stack.tokenizer, self.stack.eos_ids)
+        return VllmRunner(VllmRunnerConfig(**args), stack.tokenizer, stack.eos_ids), max_prompt_len
 
-    def _shares_gpu(self, tp: int) -> bool:
+    def _shares_gpu(self, tp: int, device) -> bool:
         """The speculator sits on vLLM's GPUs (workers: all of them; driver: --device, if one of 0 .. tp-1)
         and will be loaded (--keep < 1)."""
         if self.source is None or not self.cfg.select.prunes:
             return False
         if self.placement == "workers":
             return True
-        device = self.stack.device
         return device.type == "cuda" and (device.index or 0) < tp
 
     def _reserve_tokens(self, max_model_len: int | None) -> int:
         """The longest prompt the reserve is sized for: max_model_len (as plain vLLM would take it) within the
         base's RoPE table."""
-        max_positions = int(read_model_config(self.stack.path).get("max_position_embeddings", 1 << 17))
+        max_positions = int(self.model_config.get("max_position_embeddings", 1 << 17))
         return min(max_model_len or max_positions, max_positions)
 
-    def _speculator_share(self, max_model_len: int | None, total_bytes: int):
+    def _speculator_share(self, max_model_len: int | None, total_bytes: int, dtype: str):
         """The plan's (spcli/plan/memory.py): the reserve for prompts up to max_model_len, the utilization."""
         from spcli.plan.memory import speculator_share
         from spcli.plan.shapes import DTYPE_BYTES, ModelShape
 
         shape = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
         return speculator_share(shape, self.cfg.score, self._reserve_tokens(max_model_len), self.cfg.speculator_chunk,
-                                total_bytes, DTYPE_BYTES[self.stack.dtype])
+                                total_bytes, DTYPE_BYTES[dtype])
 
     def check(self, req: PrunedRequest) -> None:
         self.runner.check(req)  # e.g. kept + max_tokens > max_model_len
