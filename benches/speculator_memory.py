@@ -11,30 +11,31 @@ process. Printed per row:
     KV         the most the DynamicCache held (keys + values of layers 0..13), read from its tensors
                after every update: n x 2 x 14 x KVH x D x dtype bytes, which grows with n by design
     rest       prefill - KV: activations, the attention masks, sdpa's work space, the query rows
-    mask       computed, not measured: transformers' boolean mask of the last chunk over its prefix,
-               chunk x n B, alive through each forward (sdpa's additive copy of one block of its rows,
-               MASKED_ROWS x n x dtype bytes, only during attention, comes on top); none in one call of
-               one prompt (sdpa's is_causal). It grows with n at a fixed chunk
+    mask       computed, not measured: the most mask a prefill call holds. A later chunk's mask over its
+               prefix is built a block of query rows at a time (`capture.RowBlocks`), min(chunk,
+               block_rows) x n booleans, at most MASK_ELEMENTS (16 MiB), with sdpa's additive float copy
+               of that block (4x) during attention only; none in one call of one prompt (sdpa's is_causal)
     rest/1st   (rest - mask) over the first row's of the same kind (at --chunk / in one call)
     peak       the whole pass's peak RSS growth, scoring included (the torch reference: one layer's
                [H, S, n] fp32 softmax and its pooled copy, which grow with n)
 
     .venv/bin/python benches/speculator_memory.py                          # quick: n = 256..1024, chunk 128
     .venv/bin/python benches/speculator_memory.py --lengths 8192,16384,32768,65536 --chunk 8192 \
-        --heads 4 --kv-heads 1 --layer 1 --one-call-max 16384                 # the README's sweep
+        --heads 4 --kv-heads 1 --layer 1 --one-call-max 16384 [--mmap-threshold 131072]   # the README's sweep
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
 
 SHAPE = dict(vocab_size=1024, hidden_size=512, intermediate_size=1792, num_hidden_layers=32, num_attention_heads=32,
              num_key_value_heads=8, head_dim=16, max_position_embeddings=131072)
-SCORE = dict(lookahead=0, window=32, score_layers="13", pool=13, impl="torch")
+SCORE = dict(lookahead=0, window=32, score_layers="13", pool=13, rows="mean", impl="torch")
 
 
 def child(n: int, chunk: int, shape: dict, layer: int, dtype: str) -> dict:
@@ -75,9 +76,10 @@ def child(n: int, chunk: int, shape: dict, layer: int, dtype: str) -> dict:
             "kv_mib": kv["max"] / 2**20}
 
 
-def run_one(n: int, chunk: int, shape: dict, layer: int, dtype: str) -> dict | str:
+def run_one(n: int, chunk: int, shape: dict, layer: int, dtype: str, mmap_threshold: int | None) -> dict | str:
+    env = {**os.environ, **({"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold)} if mmap_threshold else {})}
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps([n, chunk, shape, layer, dtype])],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=env)
     if out.returncode != 0:
         return (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -94,24 +96,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layer", type=int, default=int(SCORE["score_layers"]), help="the scored layer (early exit)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                     help="float32 by default: bf16 matmuls are ~8x slower on CPUs without AMX")
+    ap.add_argument("--mmap-threshold", type=int, default=None,
+                    help="glibc's MALLOC_MMAP_THRESHOLD_ for each child (e.g. 131072): freed large buffers go back to "
+                         "the OS at once, so RSS shows what is held, not heap left by growing buffers")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    from spcli.engine.capture import block_rows
+
     if args.child:
         print(json.dumps(child(*json.loads(args.child))))
         return
     shape = {**SHAPE, "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads}
-    print(f"speculator ({args.dtype}): {shape}; {dict(SCORE, score_layers=str(args.layer))}")
+    threshold = f"MALLOC_MMAP_THRESHOLD_={args.mmap_threshold}" if args.mmap_threshold else "glibc's dynamic mmap threshold"
+    print(f"speculator ({args.dtype}): {shape}; {dict(SCORE, score_layers=str(args.layer))}; {threshold}")
     print(f"{'n':>6} {'chunk':>6} {'prefill':>8} {'KV':>7} {'rest':>7} {'mask':>6} {'rest/1st':>8} {'peak':>7}   (MiB)")
     first: dict[str, float] = {}
     for n in map(int, args.lengths.split(",")):
         for chunk in (args.chunk, *((n,) if args.chunk < n <= args.one_call_max else ())):
             label = f"chunk {args.chunk}" if chunk == args.chunk else "one call"
-            r = run_one(n, chunk, shape, args.layer, args.dtype)
+            r = run_one(n, chunk, shape, args.layer, args.dtype, args.mmap_threshold)
             if isinstance(r, str):
                 print(f"{n:>6} {chunk:>6} failed: {r}", flush=True)
                 continue
             rest = r["prefill_mib"] - r["kv_mib"]
-            mask = 0.0 if chunk >= n else chunk * n / 2**20
+            mask = 0.0 if chunk >= n else min(chunk, block_rows(1, n)) * n / 2**20
             ratio = (rest - mask) / first.setdefault(label, rest - mask)
             print(f"{n:>6} {chunk:>6} {r['prefill_mib']:8.1f} {r['kv_mib']:7.1f} {rest:7.1f} {mask:6.1f} {ratio:8.2f} "
                   f"{r['peak_mib']:7.1f}   {label}", flush=True)

@@ -239,16 +239,36 @@ def test_chunked_importance_equals_the_unchunked_pass(tiny_dir):
 
 
 def test_masked_attention_in_row_blocks_equals_one_call(tiny_dir, monkeypatch):
-    """A speculator pass with a mask runs sdpa MASKED_ROWS query rows at a time (here 6, so the chunks of
-    20 and the padded batch split into blocks, the last one shorter): the same importance."""
+    """A speculator pass with a mask runs sdpa a few query rows at a time (MASK_ELEMENTS here 120: 6 rows of a
+    20-key first chunk, fewer rows as the prefix grows, the last block shorter), building each later chunk's
+    mask block by block (RowBlocks): the same importance as one mask for the whole chunk."""
     model = load_causal_lm(tiny_dir, "float32", CPU).model
     (prompts, early, _), (_, ahead, _) = chunk_cases()[3:5]
     whole = {cfg: speculate_batch(model, prompts, cfg, set(), CPU, chunk=20) for cfg in (early, ahead)}
-    monkeypatch.setattr(capture, "MASKED_ROWS", 6)
+    built, real_rows = [], capture.RowBlocks.rows
+    monkeypatch.setattr(capture, "MASK_ELEMENTS", 120)
+    monkeypatch.setattr(capture.RowBlocks, "rows", lambda self, s, e: built.append(e - s) or real_rows(self, s, e))
     for cfg in (early, ahead):
         for w, p in zip(whole[cfg], speculate_batch(model, prompts, cfg, set(), CPU, chunk=20)):
             assert p.lookahead_ids == w.lookahead_ids
             torch.testing.assert_close(p.importance, w.importance, rtol=1e-5, atol=1e-7)
+    assert built and max(built) <= 120 // (len(prompts) * 21), "blocks of a later chunk fit the element budget"
+
+
+def test_a_later_chunk_gets_row_blocks_not_a_mask_of_its_whole_prefix(tiny_dir):
+    """The mask function leaves the first chunk (no prefix) and decode steps to transformers' sdpa_mask and
+    returns RowBlocks for a chunk over a cached prefix, whose rows equal sdpa_mask's rows of the whole."""
+    from transformers.masking_utils import sdpa_mask
+
+    pad = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    args = dict(batch_size=2, q_length=3, kv_length=8, q_offset=5, kv_offset=0, attention_mask=pad, device="cpu")
+    blocks = capture._mask(**args)
+    assert isinstance(blocks, capture.RowBlocks) and blocks.shape == (2, 1, 3, 8)
+    whole = sdpa_mask(**{**args, "allow_is_causal_skip": False})
+    assert torch.equal(torch.cat([blocks.rows(0, 2), blocks.rows(2, 3)], dim=2), whole)
+    assert capture._mask(**{**args, "q_length": 8, "q_offset": 0}) is not None  # first chunk: a tensor
+    assert not isinstance(capture._mask(**{**args, "q_length": 8, "q_offset": 0}), capture.RowBlocks)
+    assert not isinstance(capture._mask(**{**args, "q_length": 1, "q_offset": 7}), capture.RowBlocks)
 
 
 def test_chunks_run_each_prompt_column_once(tiny_dir):

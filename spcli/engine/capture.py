@@ -1,14 +1,22 @@
-"""Capture post-RoPE queries (and keys) without forking transformers.
+"""Capture post-RoPE queries (and keys) without forking transformers, and attend in row blocks.
 
 transformers hands an attention function registered in `AttentionInterface` the query
 [B, H, t, D] after RoPE and the keys [B, KVH, T_keys, D] after the cache update. We register one
 function, "spcli", that records them at the scored layers when a `QueryCapture` is passed through
-the model's forward kwargs (`spcli_capture=`), and otherwise only delegates to sdpa.
+the model's forward kwargs (`spcli_capture=`), and otherwise delegates to sdpa.
+
+Its mask function ("spcli" in `AttentionMaskInterface`) is transformers' `sdpa_mask`, except for a call
+of t > 1 rows over a cache that already holds a prefix (a speculator's later prefill chunks): there
+the [B, 1, t, T_keys] boolean mask, and the additive copy of the query's dtype sdpa makes of it,
+would grow with the prompt. It returns a `RowBlocks` instead, and the attention builds and runs
+`block_rows` query rows at a time, so a chunk's mask memory stays MASK_ELEMENTS whatever T_keys is
+(rows are independent: same result).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface
@@ -49,26 +57,63 @@ class QueryCapture:
         return torch.stack([torch.cat(self.rows[layer], dim=2) for layer in self.layers])
 
 
-MASKED_ROWS = 1024  # query rows per sdpa call of a speculator pass with a mask
+MASK_ELEMENTS = 1 << 24  # mask elements per sdpa call with a mask: 16 MiB boolean, 64 MiB additive float32
+
+
+def block_rows(batch_size: int, num_keys: int) -> int:
+    """Query rows per sdpa call so a [B, 1, rows, T_keys] mask holds at most MASK_ELEMENTS."""
+    return max(1, MASK_ELEMENTS // (batch_size * num_keys))
+
+
+@dataclass(frozen=True)
+class RowBlocks:
+    """A [B, 1, q_length, kv_length] boolean mask not built yet: `rows(start, end)` builds its rows
+    start .. end - 1 with `sdpa_mask` (`args`: the arguments transformers passed for the whole)."""
+
+    args: dict
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return self.args["batch_size"], 1, self.args["q_length"], self.args["kv_length"]
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        args = {**self.args, "q_length": end - start, "q_offset": self.args.get("q_offset", 0) + start,
+                "allow_is_causal_skip": False}
+        return sdpa_mask(**args)
+
+
+def _mask(**args) -> torch.Tensor | RowBlocks | None:
+    """sdpa's mask, or RowBlocks where the query has a prefix in the cache (kv_length > q_length > 1): there
+    transformers could not skip the mask and would build all of it."""
+    if args["q_length"] > 1 and args["kv_length"] > args["q_length"]:
+        return RowBlocks(args)
+    return sdpa_mask(**args)
+
+
+def _blocked(module, query, key, value, mask: torch.Tensor | RowBlocks, **kwargs):
+    b, _, t, num_keys = mask.shape
+    step = block_rows(b, num_keys)
+    build = mask.rows if isinstance(mask, RowBlocks) else lambda s, e: mask[:, :, s:e]
+    parts = [sdpa_attention_forward(module, query[:, :, s : s + step], key, value, build(s, min(s + step, t)), **kwargs)[0]
+             for s in range(0, t, step)]  # each [B, rows, H, D]
+    return torch.cat(parts, dim=1), None
 
 
 def _attention(module, query, key, value, attention_mask, spcli_capture: QueryCapture | None = None, **kwargs):
-    """sdpa; in a speculator pass with a mask [B, 1, t, T_keys], `MASKED_ROWS` query rows at a time:
-    sdpa turns a boolean mask into an additive one of the query's dtype, which for a prefill chunk of
-    t rows over a long prefix would be t x T_keys elements (rows are independent: same result)."""
-    if spcli_capture is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    spcli_capture.record(module.layer_idx, query, key)
-    if attention_mask is None or attention_mask.shape[2] != query.shape[2] or query.shape[2] <= MASKED_ROWS:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    parts = [sdpa_attention_forward(module, query[:, :, s : s + MASKED_ROWS], key, value,
-                                    attention_mask[:, :, s : s + MASKED_ROWS], **kwargs)[0]
-             for s in range(0, query.shape[2], MASKED_ROWS)]  # each [B, rows, H, D]
-    return torch.cat(parts, dim=1), None
+    """sdpa, in row blocks where the mask is RowBlocks, or, in a speculator pass, where a mask tensor of
+    more than MASK_ELEMENTS covers the whole query (sdpa would make an additive copy of all of it)."""
+    if spcli_capture is not None:
+        spcli_capture.record(module.layer_idx, query, key)
+    if isinstance(attention_mask, RowBlocks):
+        return _blocked(module, query, key, value, attention_mask, **kwargs)
+    if (spcli_capture is not None and attention_mask is not None and attention_mask.shape[2] == query.shape[2]
+            and attention_mask.numel() > MASK_ELEMENTS):
+        return _blocked(module, query, key, value, attention_mask, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
 def register() -> str:
     """Register the capturing attention (idempotent) and return its implementation name."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _mask)
     return ATTN_IMPLEMENTATION

@@ -94,15 +94,17 @@ def speculator_reserve(shape: ModelShape, num_tokens: int, score: ScoreConfig, d
         REP    = 2 * H * D * T * b                    one layer's K, V repeated to every query head (sdpa with a mask)
         Q      = S * H * R * D * b                    the scored query rows
         ACT    = c * (3 * I + 4 * h) * b              one decoder layer's peak: 3 MLP intermediates, 4 hidden-size tensors
-        MASK   = c * T                                the boolean attention mask of one chunk
+        MASK   = min(c * T, M) * (1 + b)              one block of a chunk's attention mask (M = MASK_ELEMENTS,
+                                                      spcli/engine/capture.py): booleans and sdpa's additive copy
         SC     = 2 * H * R * N * 4                    scoring: one layer's softmax and its pooled copy, fp32
         CTX    = 1 GiB                                the CUDA context and allocator slack
         reserve = W + KV + REP + Q + ACT + MASK + SC + CTX
 
     Activations scale with C, the cache with N: the prompt cap is the base's max_model_len.
     Llama-3.1-8B in bf16 at N = 32768, C = 8192, the paper's recipe (A = 8, every layer, R = 9):
-    16.06 + 4.30 + 0.54 + 0.00 + 0.97 + 0.27 + 0.08 + 1.07 = 23.29 GB.
+    16.06 + 4.30 + 0.54 + 0.00 + 0.97 + 0.05 + 0.08 + 1.07 = 23.07 GB.
     """
+    from spcli.engine.capture import MASK_ELEMENTS  # (imports transformers)
     from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS  # the batched pass's size (imports torch)
 
     n, b = num_tokens, dtype_bytes
@@ -119,7 +121,7 @@ def speculator_reserve(shape: ModelShape, num_tokens: int, score: ScoreConfig, d
     return Reserve(
         weights=shape.num_params * b, kv=kv, repeated_kv=2 * h * d * t * b if h > kvh else 0,
         queries=scored * h * rows * d * b, activations=c * (3 * shape.intermediate_size + 4 * shape.hidden_size) * b,
-        mask=c * t, scoring=2 * h * rows * n * 4, context=CONTEXT_BYTES,
+        mask=min(c * t, MASK_ELEMENTS) * (1 + b), scoring=2 * h * rows * n * 4, context=CONTEXT_BYTES,
     )
 
 
