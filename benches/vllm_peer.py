@@ -1,6 +1,6 @@
 """The peer a user would pick instead: plain vLLM full prefill against `spcli run --engine vllm --keep 0.1`.
 
-    .venv-vllm/bin/python benches/vllm_peer.py [--n 2048] [--batch 4] [--keep 0.1] [--repeats 3]
+    .venv-vllm/bin/python benches/vllm_peer.py [--n 2048] [--batch 4] [--keep 0.1] [--repeats 3] [--dtype auto]
         [--model M] [--speculator S] [--placements workers,driver] [--tp N] [--load-format dummy]
 
 Same SmolLM2-135M-Instruct prompts (essay windows, as `spcli bench` makes them), one vLLM engine in
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--keep", type=float, default=0.1)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="auto: as spcli run picks it (float32 on a CPU without AMX)")
     ap.add_argument("--speculator", default=None, help="default: the model's")
     ap.add_argument("--placements", default="workers", help="comma list of workers, driver")
     ap.add_argument("--tp", type=int, default=None)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     from vllm.platforms import current_platform
 
     print(f"vLLM ({'CPU build' if current_platform.is_cpu() else 'CUDA'}), "
-          f"{args.model} ({args.dtype}), batch {args.batch} x n={args.n}, keep {args.keep}, "
+          f"{args.model} ({engine.stack.dtype}), batch {args.batch} x n={args.n}, keep {args.keep}, "
           f"speculator {engine.stack.speculator_name} (window {cfg.score.window}, look-ahead {cfg.score.lookahead}, "
           f"layers {cfg.score.score_layers}); median of {args.repeats}; load average {load_avg}")
     print(f"{'placement':<10} {'full s':>8} {'spcli s':>8} {'of it speculator s':>19} {'kept':>6} {'TTFT ratio':>11}")

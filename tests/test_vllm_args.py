@@ -76,3 +76,15 @@ def test_cpu_defaults_bind_every_allowed_cpu(monkeypatch):
     assert one["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and one["VLLM_CPU_KVCACHE_SPACE"] == "2"
     two = vllm_args.cpu_env_defaults(2)
     assert (two["VLLM_CPU_OMP_THREADS_BIND"], two["OMP_NUM_THREADS"]) == ("0,1|2,3", "2")
+
+
+def test_auto_dtype_follows_vllms_device_type(tmp_path):
+    """--dtype auto: the model's dtype on CUDA; on the CPU build float32 unless the CPU has AMX, as spcli run
+    resolves it for the fingerprint, so base and speculator replicas load the same dtype."""
+    from spcli.dtype import cpu_has_amx
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    cfg = run_config(model="smollm2-135m", dtype="auto")
+    assert engine_args(cfg, tmp_path, is_cpu=False)["dtype"] == "bfloat16"
+    assert engine_args(cfg, tmp_path, is_cpu=True)["dtype"] == ("bfloat16" if cpu_has_amx() else "float32")
+    assert engine_args(run_config(model="smollm2-135m", dtype="float16"), tmp_path, is_cpu=True)["dtype"] == "float16"

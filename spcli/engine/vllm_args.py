@@ -21,6 +21,17 @@ def read_model_config(path: Path) -> dict:
     return {**c.get("text_config", {}), **c}
 
 
+def engine_dtype(cfg: RunConfig, is_cpu: bool) -> str:
+    """The dtype of vLLM's base and of the speculator (driver copy or worker replicas): --dtype, or for auto
+    the one spcli.dtype picks for vLLM's device type (CUDA: the model's; the CPU build: the model's only
+    where the CPU has AMX, else float32), so base, speculator and the resume fingerprint agree."""
+    import torch
+
+    from spcli.dtype import resolve_dtype
+
+    return resolve_dtype(cfg.dtype, cfg.model, torch.device("cpu" if is_cpu else "cuda"))[0]
+
+
 def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool) -> dict:
     """VllmRunnerConfig fields for the base model: the preset's, overridden by --tp, --max-model-len,
     --gpu-memory-utilization and --max-num-batched-tokens.
@@ -36,7 +47,7 @@ def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool) -> dict:
         quantization = None
     kwargs = {"quantization": quantization} if quantization else {}
     args = dict(
-        model=str(model_path), dtype=models.default_dtype(cfg.model) if cfg.dtype in (None, "auto") else cfg.dtype,
+        model=str(model_path), dtype=engine_dtype(cfg, is_cpu),
         tensor_parallel_size=v.tp or (preset.tp if preset else 1),
         max_model_len=v.max_model_len or (preset.max_model_len if preset else None),
         max_num_batched_tokens=v.max_num_batched_tokens, max_num_seqs=v.max_num_seqs,

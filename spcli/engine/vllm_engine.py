@@ -36,7 +36,7 @@ from spcli.device import pick_device
 from spcli.engine import load
 from spcli.engine.failures import raise_if_device_error
 from spcli.engine.request import Generation, PrunedRequest
-from spcli.engine.vllm_args import cpu_env_defaults, engine_args, read_model_config
+from spcli.engine.vllm_args import cpu_env_defaults, engine_args, engine_dtype, read_model_config
 from spcli.errors import ConfigError, EngineDied, RecordError
 from spcli.plan.memory import GiB
 from spcli.stop import StopAtSafePoint
@@ -69,8 +69,10 @@ class VllmEngine:
         self.cfg = cfg
         self.log = log
         self.placement = cfg.vllm.speculator_placement
+        platform = _import_vllm()  # first: no CUDA runtime call before it (spcli/device.py); vLLM sets the NVML check too
         device = pick_device(cfg.device) if self.placement == "driver" else pick_device("cpu")
-        stack = load.load_stack(cfg.model, cfg.speculator, cfg.dtype, str(device), with_base=False)
+        dtype = engine_dtype(cfg, platform.is_cpu())  # the base's, for the replicas on the GPUs too (not the driver CPU's)
+        stack = load.load_stack(cfg.model, cfg.speculator, dtype, str(device), with_base=False)
         self.model_config = read_model_config(stack.path)  # read once: layers, RoPE table
         name = stack.speculator_name
         self.source = None  # what the speculator loads (checked before vLLM starts); None: it cannot run here
@@ -83,7 +85,6 @@ class VllmEngine:
             layers = self_layers(name, cfg.score, int(self.model_config["num_hidden_layers"]))
             stack = dataclasses.replace(stack, speculator_layers=layers)
             self.source = stack.speculator_source()
-        platform = _import_vllm()  # no CUDA runtime call before this (spcli/device.py); vLLM sets the NVML check too
         self.owns_runner = runner is None
         max_prompt_len = None
         if runner is None:
