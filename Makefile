@@ -8,7 +8,7 @@ TRITON := triton==3.7.1
 
 VLLM_VENV := .venv-vllm
 
-.PHONY: demo test setup setup-test setup-vllm test-vllm docs clean models-qwen
+.PHONY: demo test setup setup-test setup-vllm browser test-vllm docs clean models-qwen
 
 $(VENV)/.base: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -42,12 +42,16 @@ demo: $(VENV)/.base
 	$(VENV)/bin/spcli run examples/docs.jsonl examples/docs.parquet --out out/demo --keep 0.3 --max-tokens 24
 	@echo "outputs: out/demo (part-*.parquet, manifest.json); look inside with: .venv/bin/spcli inspect out/demo"
 
-test: $(VENV)/.test $(VLLM_VENV)/.base
-	sh tests/browser_setup.sh
+# the two venvs and the browser install side by side: their downloads overlap
+test:
+	$(MAKE) -j3 $(VENV)/.test $(VLLM_VENV)/.base browser
 	$(VENV)/bin/python -m pytest -q
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py
 
 setup-vllm: $(VLLM_VENV)/.base
+
+browser:
+	sh tests/browser_setup.sh
 
 test-vllm: $(VLLM_VENV)/.base
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py

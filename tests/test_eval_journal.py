@@ -76,3 +76,28 @@ def test_more_speculators_are_scored_in_the_same_run_each_with_its_own_settings(
 def test_a_speculator_named_twice_is_refused(tiny_dir, tmp_path):
     with pytest.raises(ConfigError, match="names a speculator twice"):
         config(tiny_dir, tmp_path, speculator="self:2", extra_speculators=("self:2",))
+
+
+def test_a_variant_scores_with_the_first_speculator_at_other_settings(tmp_path, tiny_dir):
+    from spcli.config import ScoreConfig
+    from spcli.evaluate.config import parse_variant
+
+    both = run_eval(config(tiny_dir, tmp_path / "both", samples=1, selectors=("specprefill",),
+                           variants=(parse_variant("rows=max,window=4"),)), log=lambda _: None)
+    alone = run_eval(config(tiny_dir, tmp_path / "alone", samples=1, selectors=("specprefill",),
+                            score=ScoreConfig(rows="max", window=4)), log=lambda _: None)
+    pick = lambda res, sel: {(r["keep"], r["num_kept"], r["output"]) for r in res["rows"] if r["selector"] == sel}
+    assert pick(both, "specprefill[rows=max,window=4]") == pick(alone, "specprefill")
+    (compared,) = both["compared_speculators"]
+    assert compared["score"]["rows"] == "max" and compared["score"]["window"] == 4
+    assert compared["score"]["score_layers"] == both["score"]["score_layers"]  # the rest: the first speculator's
+
+
+def test_bad_variants_are_refused_naming_the_flag(tiny_dir, tmp_path):
+    from spcli.evaluate.config import parse_variant
+
+    for text, match in (("rows", "KEY=VALUE"), ("depth=3", "KEY=VALUE"), ("pool=x", "integer")):
+        with pytest.raises(ConfigError, match=match):
+            parse_variant(text)
+    with pytest.raises(ConfigError, match="--pool must be an odd"):
+        config(tiny_dir, tmp_path, variants=(parse_variant("pool=4"),))

@@ -244,7 +244,8 @@ def test_kept_indices_equal_between_torch_and_triton_on_smollm2(score, smollm2_d
     tokenizer = load_tokenizer(smollm2_dir)
     eos = eos_token_ids(model, tokenizer)
     examples = Path(__file__).parent.parent / "examples" / "docs.jsonl"
-    for line in examples.read_text().splitlines()[:2]:  # 936 and 1312 tokens
+    num_docs = 2 if DEVICE.type == "cuda" else 1  # 936 and 1312 tokens; the CPU interpreter takes ~1 min per doc
+    for line in examples.read_text().splitlines()[:num_docs]:
         row = json.loads(line)
         ids = tokenize(Record(0, 0, row["id"], messages=row["messages"]), tokenizer, 8000, "error")
         score_recipe = {k: v for k, v in recipe.items() if k != "chunk"}

@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
         lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens for built-in tasks, comma-separated.")] = "2048",
         model: Annotated[str, typer.Option(help="Base model name, local folder, GGUF file or cached HF id.")] = "smollm2-135m",
         speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self:K. Default: the model's. A comma list A,B,... also scores with B,... (rows specprefill@B: each pair's own settings, paired against A's specprefill; one full prefill per example for all).")] = None,
+        variant: Annotated[Optional[list[str]], typer.Option(help="Also score with the first speculator at other settings, paired (repeatable): KEY=VALUE,... of lookahead, window, score_layers, pool, rows, chunk; rows specprefill[rows=max]. E.g. --variant rows=max.", show_default=False)] = None,
         keep: Annotated[str, typer.Option(help="Keep rates, comma-separated; 1.0 = full prefill; auto:P = keep auto with keep mass P (auto alone: P 0.8, as `spcli run --keep-mass`).")] = "0.1,0.3,0.5,1.0",
         selector: Annotated[str, typer.Option(help="Selectors, comma-separated: specprefill, random, recency, sink-recency, self-information.")] = "specprefill,random,recency,sink-recency,self-information",
         samples: Annotated[int, typer.Option(help="Examples per task and length (or the first N input records).")] = 20,
@@ -54,7 +55,7 @@ def register(app: typer.Typer) -> None:
         html: Annotated[bool, typer.Option(help="Also write a self-contained report.html.")] = False,
     ) -> None:
         from spcli.config import ScoreConfig, SelectConfig
-        from spcli.evaluate.config import EvalConfig, split_keeps, split_list
+        from spcli.evaluate.config import EvalConfig, parse_variant, split_keeps, split_list
         from spcli.evaluate.matched import matched_table
         from spcli.evaluate.report import text_table
         from spcli.evaluate.run import run_eval
@@ -63,6 +64,7 @@ def register(app: typer.Typer) -> None:
         cfg = EvalConfig(
             out=out, inputs=tuple(inputs or ()), tasks=tuple(t for item in task or () for t in split_list(item, str, "--task")),
             lengths=split_list(lengths, int, "--lengths"), model=model, speculator=first, extra_speculators=tuple(others),
+            variants=tuple(parse_variant(v) for v in variant or ()),
             keeps=split_keeps(keep), selectors=split_list(selector, str, "--selector"), samples=samples,
             seed=seed, max_tokens=max_tokens, compare_tokens=compare_tokens, bootstrap=bootstrap, dtype=dtype,
             device=device, html=html, match_auto=match_auto, speculator_chunk=speculator_chunk,

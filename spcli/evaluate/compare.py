@@ -24,7 +24,7 @@ from spcli.engine.request import Generation, PrunedRequest
 from spcli.engine.select import is_over_budget
 from spcli.engine.tokenize import cross_tokenize, tokenize
 from spcli.evaluate import metrics
-from spcli.evaluate.config import EvalConfig, policy_order, policy_select
+from spcli.evaluate.config import EvalConfig, policy_order, policy_select, variant_label
 from spcli.evaluate.selectors import USES_SPECULATOR, Signals, carried, random_seed, select, speculator_signals
 from spcli.evaluate.tasks import Example
 from spcli.io.records import Record
@@ -37,16 +37,17 @@ def load_models(cfg: EvalConfig) -> ModelStack:
 
 @dataclass(frozen=True)
 class OtherSpeculator:
-    """A speculator compared with the first one (`--speculator A,B,...`): its rows are `specprefill@B`."""
+    """A speculator compared with the first one (`--speculator A,B,...`: rows `specprefill@B`), or the first
+    with other settings (`--variant rows=max`: rows `specprefill[rows=max]`)."""
 
-    label: str  # the selector name in rows and tables: specprefill@NAME
-    stack: ModelStack  # the base's stack with this speculator (base weights and tokenizer shared)
+    label: str  # the selector name in rows and tables
+    stack: ModelStack  # the base's stack with this speculator (base weights and tokenizer shared; a variant's is A's)
     cfg: EvalConfig  # scoring and selection resolved for this pair, selectors ("specprefill",)
 
 
 def other_speculators(m: ModelStack, cfg: EvalConfig) -> list[OtherSpeculator]:
     """`cfg` before resolution: flags hold for every speculator, the rest resolves per pair (profile, preset or
-    fallback), as `spcli run --speculator B` would."""
+    fallback), as `spcli run --speculator B` would; a variant's settings override the first speculator's."""
     out = []
     for name in cfg.extra_speculators:
         load.check_speculator_attention(m.path, m.name, name, m.max_positions)
@@ -55,6 +56,13 @@ def other_speculators(m: ModelStack, cfg: EvalConfig) -> list[OtherSpeculator]:
         own = resolve(dataclasses.replace(cfg, speculator=name, extra_speculators=(), selectors=("specprefill",)),
                       cfg.model, m.path, name)
         out.append(OtherSpeculator(f"specprefill@{name}", stack, own))
+    first = dataclasses.replace(cfg, extra_speculators=(), variants=(), selectors=("specprefill",))
+    for variant in cfg.variants:
+        changed = dict(variant)
+        chunk = changed.pop("chunk", None)
+        own = dataclasses.replace(first, score=dataclasses.replace(cfg.score, **changed),
+                                  select=dataclasses.replace(cfg.select, chunk=chunk or cfg.select.chunk))
+        out.append(OtherSpeculator(variant_label(variant), m, resolve(own, cfg.model, m.path, m.speculator_name)))
     return out
 
 

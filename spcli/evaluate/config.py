@@ -37,6 +37,31 @@ def parse_policy(text: str, default_mass: float = SelectConfig.keep_mass) -> flo
         raise ConfigError(f"--keep takes rates in (0, 1] and auto:P policies, comma-separated, got {text!r}") from None
 
 
+VARIANT_FIELDS = {"lookahead": int, "window": int, "score_layers": str, "pool": int, "rows": str, "chunk": int}
+
+
+def parse_variant(text: str) -> tuple[tuple[str, object], ...]:
+    """--variant 'rows=max,window=16' -> (("rows", "max"), ("window", 16)): settings of the first speculator
+    changed for a compared row, `specprefill[rows=max,window=16]`."""
+    items = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in VARIANT_FIELDS:
+            raise ConfigError(f"--variant takes KEY=VALUE pairs, comma-separated, KEY one of "
+                              f"{', '.join(VARIANT_FIELDS)}; got {text!r}")
+        try:
+            items.append((key, VARIANT_FIELDS[key](value.strip())))
+        except ValueError:
+            raise ConfigError(f"--variant {key} takes an integer, got {value!r}") from None
+    _check(bool(items), f"--variant needs at least one KEY=VALUE, got {text!r}")
+    return tuple(items)
+
+
+def variant_label(variant: tuple[tuple[str, object], ...]) -> str:
+    return "specprefill[" + ",".join(f"{k}={v}" for k, v in variant) + "]"
+
+
 def split_keeps(text: str, default_mass: float = SelectConfig.keep_mass) -> tuple:
     return tuple(parse_policy(s, default_mass) for s in text.split(",") if s.strip())
 
@@ -70,6 +95,7 @@ class EvalConfig:
     model: str = "smollm2-135m"
     speculator: str | None = None  # None = the model's default
     extra_speculators: tuple[str, ...] = ()  # `--speculator A,B,...`: B... compared with A, rows `specprefill@B`
+    variants: tuple[tuple[tuple[str, object], ...], ...] = ()  # `--variant rows=max`: A with other settings
     keeps: tuple[float | str, ...] = (0.1, 0.3, 0.5, 1.0)  # rates, and "auto:P" policies (keep auto, keep_mass P)
     selectors: tuple[str, ...] = SELECTORS
     samples: int = 20  # per task and length (built-in), or the first N records of the inputs
@@ -102,6 +128,11 @@ class EvalConfig:
         _check(self.bootstrap >= 100, f"--bootstrap must be >= 100 resamples, got {self.bootstrap}")
         _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_speculator_chunk(self.speculator_chunk)
+        for v in self.variants:  # validated like the flags they stand for
+            dataclasses.replace(self.score, **{k: x for k, x in v if k != "chunk"})
+            dataclasses.replace(self.select, **{k: x for k, x in v if k == "chunk"})
+        labels = [variant_label(v) for v in self.variants]
+        _check(len(set(labels)) == len(labels), f"--variant names a variant twice: {', '.join(labels)}")
         names = (self.speculator, *self.extra_speculators)
         _check(len(set(names)) == len(names), f"--speculator names a speculator twice: {', '.join(map(str, names))}")
 
