@@ -31,6 +31,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from spcli import models
 from spcli.config import RunConfig, ScoreConfig
 from spcli.device import pick_device
 from spcli.engine import load
@@ -69,19 +70,18 @@ class VllmEngine:
         self.cfg = cfg
         self.log = log
         self.placement = cfg.vllm.speculator_placement
+        name = cfg.speculator or models.default_speculator(cfg.model)
+        if load.parse_self(name) is not None and cfg.score.lookahead and cfg.select.prunes:
+            raise ConfigError(self_speculator_refusal(name, cfg.model))  # at once, vLLM installed or not
         platform = _import_vllm()  # first: no CUDA runtime call before it (spcli/device.py); vLLM sets the NVML check too
         device = pick_device(cfg.device) if self.placement == "driver" else pick_device("cpu")
         dtype = engine_dtype(cfg, platform.is_cpu())  # the base's, for the replicas on the GPUs too (not the driver CPU's)
         stack = load.load_stack(cfg.model, cfg.speculator, dtype, str(device), with_base=False)
         self.model_config = read_model_config(stack.path)  # read once: layers, RoPE table
-        name = stack.speculator_name
         self.source = None  # what the speculator loads (checked before vLLM starts); None: it cannot run here
         if load.parse_self(name) is None:
             self.source = stack.speculator_source()
-        elif cfg.score.lookahead:
-            if cfg.select.prunes:  # at --keep 1.0 only a record's own keep could need it: an error row
-                raise ConfigError(self_speculator_refusal(name, cfg.model))
-        else:
+        elif not cfg.score.lookahead:  # with look-ahead: refused above, or at --keep 1.0 a record's own keep errs
             layers = self_layers(name, cfg.score, int(self.model_config["num_hidden_layers"]))
             stack = dataclasses.replace(stack, speculator_layers=layers)
             self.source = stack.speculator_source()
