@@ -163,21 +163,20 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
         own_cost["specprefill-paper"] = signals.paper_s
     other_signals = {o.label: example_signals(o.stack, example, ids, o.cfg) for o in others}
     own_cost.update({label: s.speculate_s for label, s in other_signals.items() if s is not None})
-    names = [*cfg.selectors, *other_signals]
+    # (row name, selector, its signals, its selection config): the selectors, then each other speculator
+    picks = [(s, s, signals if s in USES_SPECULATOR else None, cfg.select) for s in cfg.selectors]
+    picks += [(o.label, "specprefill", other_signals[o.label], o.cfg.select) for o in others]
+    names = [name for name, *_ in picks]
     seed = random_seed(cfg.seed, example.id)
 
     for keep in sorted(set(cfg.keeps), key=policy_order):
-        select_cfg, rate = policy_select(cfg.select, keep)
         chosen: dict[str, torch.Tensor] = {}
         select_s: dict[str, float] = {}
-        for s in cfg.selectors:
+        for name, selector, sig, base in picks:
+            select_cfg, rate = policy_select(base, keep)
             t0 = time.perf_counter()
-            chosen[s] = select(s, n, signals if s in USES_SPECULATOR else None, select_cfg, rate, seed)
-            select_s[s] = time.perf_counter() - t0
-        for o in others:
-            t0 = time.perf_counter()
-            chosen[o.label] = select("specprefill", n, other_signals[o.label], policy_select(o.cfg.select, keep)[0], rate, seed)
-            select_s[o.label] = time.perf_counter() - t0
+            chosen[name] = select(selector, n, sig, select_cfg, rate, seed)
+            select_s[name] = time.perf_counter() - t0
         pruned = [s for s in names if chosen[s].numel() < n]
         gens: dict[str, Generation] = {s: ref for s in names if s not in pruned}
         share = {s: ref.prefill_s for s in gens}
