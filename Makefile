@@ -7,6 +7,7 @@ TORCH := torch==2.13.0
 TRITON := triton==3.7.1
 
 VLLM_VENV := .venv-vllm
+TEST_WORKERS ?= 2  # pytest-xdist workers for the hf suite (the Slurm tests share one; tests/conftest.py)
 
 .PHONY: demo test setup setup-test setup-vllm browser test-vllm docs clean models-qwen
 
@@ -45,7 +46,7 @@ demo: $(VENV)/.base
 # the two venvs and the browser install side by side: their downloads overlap
 test:
 	$(MAKE) -j3 $(VENV)/.test $(VLLM_VENV)/.base browser
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py
 
 setup-vllm: $(VLLM_VENV)/.base

@@ -16,7 +16,7 @@ import pytest
 from spcli.slurm.attempts import read_attempts
 from spcli.slurm.script import SubmitOptions, render_sbatch, submit, write_script
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one worker: the cluster is shared
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = r"""#!/bin/bash

@@ -25,6 +25,8 @@ from spcli.io.commit import PAUSE_AFTER_RENAME_ENV
 from spcli.io.manifest import read_manifests
 from spcli.slurm.attempts import read_attempts
 
+pytestmark = pytest.mark.xdist_group("slurm")  # under `make test`'s two workers, one worker: the cluster is shared
+
 SPCLI = str(Path(sys.executable).parent / "spcli")
 FAST = ["--keep", "0.3", "--min-tokens", "16", "--keep-last", "8", "--chunk", "8", "--max-tokens", "1",
         "--dtype", "float32", "--lookahead", "1", "--speculator", "self:2", "--device", "cpu"]
