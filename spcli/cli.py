@@ -78,7 +78,7 @@ def run(
     score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score: all, I, I-J or I,J,... (negatives from the end). Without look-ahead the speculator stops after the last one. Default: the model's.")] = None,
     chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
     pool: Annotated[Optional[int], typer.Option(help="Average-pool kernel over token scores (odd; 1 = none). Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
-    rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (mean).", show_default=False)] = None,
+    rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (smollm2-135m: max, measured; otherwise mean).", show_default=False)] = None,
     keep_first: Annotated[int, typer.Option(help="First tokens always kept (attention sink).")] = 4,
     keep_last: Annotated[int, typer.Option(help="Last tokens always kept (question and generation prompt).")] = 64,
     min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are not pruned.")] = 256,

@@ -26,7 +26,7 @@ def test_models_command_lists_every_preset_and_availability():
             "yes (built on first use)") in lines
     scoring = {line.split()[0]: line for line in res.output.split("\n\n")[1].splitlines()[1:]}
     assert scoring.keys() == PRESETS.keys()
-    assert "layers 14, window 32, look-ahead 0, pool 31, rows mean, chunk 8 (preset smollm2-135m)" in scoring["smollm2-135m"]
+    assert "layers 14, window 32, look-ahead 0, pool 31, rows max, chunk 8 (preset smollm2-135m)" in scoring["smollm2-135m"]
     assert "layers all, window 0, look-ahead 8, pool 13, rows mean, chunk 32 (fallback: the paper's recipe)" in scoring["llama-70b"]
 
 

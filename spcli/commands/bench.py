@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         window: Annotated[Optional[int], typer.Option(help="Last W prompt tokens' queries score (causal); 0 = the last only. Default: the model's.")] = None,
         score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score: all, I, I-J, I,J,... Default: the model's.")] = None,
         pool: Annotated[Optional[int], typer.Option(help="Average-pool kernel over token scores (odd; 1 = none). Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
-        rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (mean).", show_default=False)] = None,
+        rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (smollm2-135m: max, measured; otherwise mean).", show_default=False)] = None,
         chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
         keep_first: Annotated[int, typer.Option(help="First tokens always kept.")] = 4,
         keep_last: Annotated[int, typer.Option(help="Last tokens always kept.")] = 64,

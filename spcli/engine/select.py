@@ -49,6 +49,20 @@ def chunk_scores(importance: torch.Tensor, chunk: int) -> torch.Tensor:
     return padded.view(num_chunks, chunk).sum(dim=1) / counts
 
 
+def free_chunks(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per chunk of cfg.chunk tokens, over the tokens that are not `forced` ([n] bool): the mean score s_c
+    (0 for a chunk with no free token) and the number of free tokens, both float64 [num_chunks]."""
+    assert cfg.chunk is not None, "resolve the selection chunk first (spcli.profiles.resolve)"
+    n = importance.shape[0]
+    free = (~forced).double()  # [n]
+    scores = importance.double().clamp(min=0.0) * free
+    num_chunks = math.ceil(n / cfg.chunk)
+    pad = num_chunks * cfg.chunk - n
+    summed = torch.nn.functional.pad(scores, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)  # [num_chunks]
+    sizes = torch.nn.functional.pad(free, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)
+    return torch.where(sizes > 0, summed / sizes.clamp(min=1.0), torch.zeros_like(summed)), sizes
+
+
 MASS_TOLERANCE = 1e-9  # a share that reaches keep_mass up to float rounding counts as reached
 
 
@@ -65,21 +79,14 @@ def auto_budget(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tenso
     mass reaches keep_mass are taken; the budget is the forced tokens plus those chunks' free tokens, clamped to
     [ceil(keep_min * n), ceil(keep_max * n)]. No mass at all (flat or zero scores) gives the maximum.
     """
-    assert cfg.chunk is not None, "resolve the selection chunk first (spcli.profiles.resolve)"
     n = importance.shape[0]
     forced = forced_mask(n, cfg, forced)
-    free = (~forced).double()  # [n]
-    scores = importance.double().clamp(min=0.0) * free
-    num_chunks = math.ceil(n / cfg.chunk)
-    pad = num_chunks * cfg.chunk - n
-    summed = torch.nn.functional.pad(scores, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)  # [num_chunks]
-    sizes = torch.nn.functional.pad(free, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)  # free tokens per chunk
+    mean, sizes = free_chunks(importance, cfg, forced)
     lo, hi = budget(n, cfg.keep_min), budget(n, cfg.keep_max)
     is_free = sizes > 0
     if not bool(is_free.any()):
         return hi
-    mean = torch.where(is_free, summed / sizes.clamp(min=1.0), torch.zeros_like(summed))  # [num_chunks] s_c
-    mass = summed
+    mass = mean * sizes
     if sharpen:
         background = float(mean[is_free].median())
         mass = (mean - background).clamp(min=0.0) * sizes
