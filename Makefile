@@ -7,7 +7,8 @@ TORCH := torch==2.13.0
 TRITON := triton==3.7.1
 
 VLLM_VENV := .venv-vllm
-TEST_WORKERS ?= 2  # pytest-xdist workers for the hf suite (the Slurm tests share one; tests/conftest.py)
+# pytest-xdist workers for the hf suite (the Slurm tests share one; tests/conftest.py)
+TEST_WORKERS ?= 2
 
 .PHONY: demo test setup setup-test setup-vllm browser test-vllm docs clean models-qwen
 

@@ -29,7 +29,7 @@ from spcli.calibrate.layers import window_importance
 from spcli.config import ScoreConfig, SelectConfig
 from spcli.engine.capture import QueryCapture
 from spcli.engine.load import decoder_prefix, load_stack
-from spcli.engine.select import auto_budget, budget, forced_mask, free_chunks
+from spcli.engine.select import auto_budget, chunk_masses, clamp_budget, forced_mask
 from spcli.engine.tokenize import tokenize
 from spcli.evaluate.tasks import Filler, generate
 from spcli.io.records import Record
@@ -43,24 +43,21 @@ def perplexity_budget(importance: torch.Tensor, cfg: SelectConfig, scale: float)
     """Candidate: the effective number of chunks, exp(entropy) of the mass above the median, x scale."""
     n = importance.shape[0]
     forced = forced_mask(n, cfg)
-    mean, sizes = free_chunks(importance, cfg, forced)
-    mass = (mean - float(mean[sizes > 0].median())).clamp(min=0.0) * sizes
+    _, _, mass = chunk_masses(importance, cfg, forced)
     p = mass[mass > 0] / float(mass.sum())
     effective = float(torch.exp(-(p * p.log()).sum()))
-    wanted = int(forced.sum()) + int(scale * effective * cfg.chunk)
-    return max(budget(n, cfg.keep_min), min(budget(n, cfg.keep_max), wanted))
+    return clamp_budget(n, cfg, int(forced.sum()) + int(scale * effective * cfg.chunk))
 
 
 def outlier_budget(importance: torch.Tensor, cfg: SelectConfig, z: float) -> int:
     """Candidate: the chunks whose mean stands z median absolute deviations above the median chunk."""
     n = importance.shape[0]
     forced = forced_mask(n, cfg)
-    mean, sizes = free_chunks(importance, cfg, forced)
+    mean, sizes, _ = chunk_masses(importance, cfg, forced, sharpen=False)
     free = mean[sizes > 0]
     median = float(free.median())
     mad = float((free - median).abs().median())
-    wanted = int(forced.sum()) + int(sizes[mean > median + z * mad].sum())
-    return max(budget(n, cfg.keep_min), min(budget(n, cfg.keep_max), wanted))
+    return clamp_budget(n, cfg, int(forced.sum()) + int(sizes[mean > median + z * mad].sum()))
 
 
 def summaries(tokenizer, length: int, num: int, seed: int) -> list[list[dict]]:

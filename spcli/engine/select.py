@@ -49,9 +49,11 @@ def chunk_scores(importance: torch.Tensor, chunk: int) -> torch.Tensor:
     return padded.view(num_chunks, chunk).sum(dim=1) / counts
 
 
-def free_chunks(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per chunk of cfg.chunk tokens, over the tokens that are not `forced` ([n] bool): the mean score s_c
-    (0 for a chunk with no free token) and the number of free tokens, both float64 [num_chunks]."""
+def chunk_masses(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tensor,
+                 sharpen: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per chunk of cfg.chunk tokens, over the tokens that are not `forced` ([n] bool), float64 [num_chunks]:
+    the mean score s_c (0 for a chunk with no free token), the number of free tokens, and the mass
+    (`auto_budget`: with `sharpen` size_c * max(0, s_c - median s_c over chunks with a free token), else the sum)."""
     assert cfg.chunk is not None, "resolve the selection chunk first (spcli.profiles.resolve)"
     n = importance.shape[0]
     free = (~forced).double()  # [n]
@@ -59,8 +61,17 @@ def free_chunks(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tenso
     num_chunks = math.ceil(n / cfg.chunk)
     pad = num_chunks * cfg.chunk - n
     summed = torch.nn.functional.pad(scores, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)  # [num_chunks]
-    sizes = torch.nn.functional.pad(free, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)
-    return torch.where(sizes > 0, summed / sizes.clamp(min=1.0), torch.zeros_like(summed)), sizes
+    sizes = torch.nn.functional.pad(free, (0, pad)).view(num_chunks, cfg.chunk).sum(dim=1)  # free tokens per chunk
+    is_free = sizes > 0
+    mean = torch.where(is_free, summed / sizes.clamp(min=1.0), torch.zeros_like(summed))
+    if not sharpen or not bool(is_free.any()):
+        return mean, sizes, summed
+    return mean, sizes, (mean - float(mean[is_free].median())).clamp(min=0.0) * sizes
+
+
+def clamp_budget(n: int, cfg: SelectConfig, wanted: int) -> int:
+    """keep = auto: a wanted number of tokens within [ceil(keep_min * n), ceil(keep_max * n)]."""
+    return max(budget(n, cfg.keep_min), min(budget(n, cfg.keep_max), wanted))
 
 
 MASS_TOLERANCE = 1e-9  # a share that reaches keep_mass up to float rounding counts as reached
@@ -81,23 +92,14 @@ def auto_budget(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tenso
     """
     n = importance.shape[0]
     forced = forced_mask(n, cfg, forced)
-    mean, sizes = free_chunks(importance, cfg, forced)
-    lo, hi = budget(n, cfg.keep_min), budget(n, cfg.keep_max)
-    is_free = sizes > 0
-    if not bool(is_free.any()):
-        return hi
-    mass = mean * sizes
-    if sharpen:
-        background = float(mean[is_free].median())
-        mass = (mean - background).clamp(min=0.0) * sizes
+    mean, sizes, mass = chunk_masses(importance, cfg, forced, sharpen)
     total = float(mass.sum())
-    if total <= 0.0:
-        return hi
+    if not bool((sizes > 0).any()) or total <= 0.0:
+        return budget(n, cfg.keep_max)
     order = torch.sort(-mean if sharpen else -mass, stable=True).indices
     share = torch.cumsum(mass[order], dim=0) / total  # [num_chunks]
     num_taken = int((share < cfg.keep_mass - MASS_TOLERANCE).sum()) + 1  # fewest chunks reaching keep_mass
-    wanted = int(forced.sum()) + int(sizes[order[:num_taken]].sum())
-    return max(lo, min(hi, wanted))
+    return clamp_budget(n, cfg, int(forced.sum()) + int(sizes[order[:num_taken]].sum()))
 
 
 def select_tokens(importance: torch.Tensor, cfg: SelectConfig, keep: float | str | None = None,
