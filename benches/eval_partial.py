@@ -1,5 +1,7 @@
-"""Summarise a partial `spcli eval` journal (OUT/examples.jsonl) with spcli's own summary, table and matched comparison;
-writes OUT/partial_summary.json.    .venv/bin/python benches/eval_partial.py OUT
+"""Summarise a partial (or running) `spcli eval` journal, OUT/examples.jsonl, as `spcli eval` does at the end
+(spcli.evaluate.run.journal_summary: no model is loaded); prints the tables, writes OUT/partial_summary.json.
+
+    .venv/bin/python benches/eval_partial.py OUT
 """
 from __future__ import annotations
 
@@ -7,20 +9,14 @@ import json
 import sys
 from pathlib import Path
 
-from spcli.evaluate.summary import summarize
+from spcli.evaluate.matched import matched_table
 from spcli.evaluate.report import text_table
-from spcli.evaluate.matched import compare_matched, matched_table
+from spcli.evaluate.run import journal_summary
 
 out = Path(sys.argv[1])
-state = json.loads((out / "eval_state.json").read_text())
-entries = [json.loads(l) for l in (out / "examples.jsonl").read_text().splitlines() if l.strip()]
-rows = [r for e in entries for r in e["rows"]]
-overlaps = [o for e in entries for o in e["overlaps"]]
-summary = summarize(rows, overlaps, 2000, 0)
-print(f"{len(entries)} examples: " + ", ".join(f"{t} {sum(e['rows'][0]['task'] == t for e in entries)}" for t in dict.fromkeys(e['rows'][0]['task'] for e in entries)))
-print(text_table(summary, False))
-matched = state.get("matched") or {}
-if matched:
-    print(matched_table(compare_matched(rows, matched, 2000, 0)))
-json.dump({"summary": summary, "matched": compare_matched(rows, matched, 2000, 0) if matched else {}, "num_examples": len(entries)},
-          open(out / "partial_summary.json", "w"), indent=1, allow_nan=True)
+res = journal_summary(out)
+print(f"{res['num_examples']} examples: " + ", ".join(f"{t} {n}" for t, n in res["examples_by_task"].items()))
+print(text_table(res["summary"], False))
+if res["matched"]:
+    print(matched_table(res["matched"]))
+(out / "partial_summary.json").write_text(json.dumps(res, indent=1, allow_nan=True))

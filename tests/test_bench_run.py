@@ -26,6 +26,7 @@ def test_bench_json_schema_and_consistent_ratios(tmp_path, tiny_dir):
         assert r["kept_fraction"] == (64 + 4 if r["keep"] == 0.1 else 150) / 300  # forced floor at 0.1 (budget 30)
         assert sum(r["stages"].values()) <= r["ttft_spec_s"] * 1.001
         assert r["throughput_full"] > 0 and r["throughput_spec"] > 0 and r["max_qps_full"] > 0
+        assert r["settings_from"].startswith("fallback") and r["chunk"] == 32  # a folder with no preset or profile
     assert (tmp_path / "bench_model_self-1.json").is_file()  # tiny_dir is .../model
     assert (tmp_path / "bench_model_self-1.png").stat().st_size > 1000
 

@@ -2,6 +2,9 @@
 with both in one run (one full prefill per example), B's rows as `specprefill@B`. Tiny random Llama."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +13,9 @@ from spcli.errors import ConfigError
 from spcli.evaluate import compare
 from spcli.evaluate.config import EvalConfig
 from spcli.evaluate.journal import EXAMPLES
-from spcli.evaluate.run import run_eval
+from spcli.evaluate.run import journal_summary, run_eval
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def config(tiny_dir, out, **kw):
@@ -38,6 +43,14 @@ def test_an_interrupted_eval_resumes_and_gives_the_rows_of_one_whole_run(tmp_pat
     first = run_eval(config(tiny_dir, out, samples=1), log=lambda _: None)  # stopped after one example
     with open(out / EXAMPLES, "ab") as f:
         f.write(b'{"id": "torn')  # the process died mid-write of the next example
+    partial = journal_summary(out, bootstrap=200)  # what benches/eval_partial.py reports, with no model loaded
+    assert (partial["num_examples"], partial["examples_by_task"]) == (1, {"niah": 1})
+    assert partial["summary"] == first["summary"]
+    assert (out / EXAMPLES).read_bytes().endswith(b'{"id": "torn')  # read only: an eval may be writing there
+    bench = subprocess.run([sys.executable, str(ROOT / "benches" / "eval_partial.py"), str(out)], capture_output=True,
+                           text=True, check=True)
+    assert bench.stdout.startswith("1 examples: niah 1")
+    assert json.loads((out / "partial_summary.json").read_text())["num_examples"] == 1
     seen, lines = counting(monkeypatch), []
     resumed = run_eval(config(tiny_dir, out), log=lines.append)  # a larger --samples resumes and adds
     assert seen == ["niah-512-0-1"]  # only the example not yet done ran
@@ -51,9 +64,14 @@ def test_an_interrupted_eval_resumes_and_gives_the_rows_of_one_whole_run(tmp_pat
     assert seen == []
 
 
-def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path, tiny_dir):
+def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path, tiny_dir, monkeypatch):
     out = tmp_path / "e"
     run_eval(config(tiny_dir, out, samples=1), log=lambda _: None)
+
+    def no_load(cfg):
+        raise AssertionError("the models were loaded before the journal refused the resume")
+
+    monkeypatch.setattr("spcli.evaluate.run.load_models", no_load)  # the flags are checked first
     with pytest.raises(ConfigError, match=r"other settings \(keeps, selectors differ\)"):
         run_eval(config(tiny_dir, out, samples=1, keeps=(0.2, 1.0), selectors=("random",)), log=lambda _: None)
 

@@ -25,7 +25,7 @@ from spcli.benchmark.stages import Timing, as_text, make_prompts, run_full, run_
 from spcli.engine import load
 from spcli.engine.load import ModelStack
 from spcli.engine.select import is_over_budget
-from spcli.profiles import resolve
+from spcli.profiles import resolve, settings_source
 
 
 def load_models(cfg: BenchConfig) -> ModelStack:
@@ -79,13 +79,17 @@ def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
     m = load_models(cfg)
     tokenizer, spec_name, dtype = m.tokenizer, m.speculator_name, m.dtype
     cfg = resolve(cfg, cfg.model, m.path, spec_name)
+    source = settings_source(cfg.score, cfg.select, cfg.model, m.path, spec_name)
     score = cfg.score
+    log(f"speculator {spec_name}: layers {score.score_layers}, window {score.window}, look-ahead {score.lookahead}, "
+        f"pool {score.pool}, rows {score.rows}, chunk {cfg.select.chunk} (settings from {source})")
     torch.manual_seed(cfg.seed)
     results = []
     for length in cfg.lengths:
         prompts, texts = as_text(m, make_prompts(tokenizer, length, cfg.batch, cfg.seed))
         extra = {"model": cfg.model, "speculator": spec_name, "scoring": m.scoring,
-                 "score": dataclasses.asdict(score), "dtype": dtype, "device": str(m.device),
+                 "score": dataclasses.asdict(score), "chunk": cfg.select.chunk,
+                 "settings_from": source, "dtype": dtype, "device": str(m.device),
                  "threads": torch.get_num_threads()}
         if cfg.model == pair.BASE_NAME and spec_name == pair.SPECULATOR_NAME:
             extra["flop_ratio_pair"], extra["flop_ratio_8b_405b"] = pair.pair_ratio(length)

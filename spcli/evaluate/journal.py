@@ -2,8 +2,9 @@
 `spcli eval` resumes where it stopped (same --out, same settings) instead of starting again.
 
     eval_state.json   what the rows depend on (the config less out/bootstrap/html/samples, the resolved dtype,
-                      the speculators, their scoring and the matched keeps); a resume with other settings is
-                      refused, naming the fields; a larger --samples adds examples
+                      the speculators, their scoring and the matched keeps) and, as `requested`, the config as
+                      given; a resume with other flags is refused before any model loads, one whose resolved
+                      settings differ once they are known, naming the fields; a larger --samples adds examples
     examples.jsonl    {"id", "rows", "overlaps"} per example, appended, flushed and fsync'ed after each one;
                       a torn last line (the process died mid-write) is dropped and that example runs again
 """
@@ -31,6 +32,29 @@ def fingerprint(cfg_dict: dict, **resolved) -> dict:
     return json.loads(json.dumps({**fields, **resolved}, default=str))
 
 
+REQUESTED = "requested"  # the config as given, before any model loads: a resume with other flags is refused at once
+
+
+def refuse_other_settings(out: Path, old: dict, new: dict) -> None:
+    keys = old.keys() | new.keys()
+    if REQUESTED not in old:  # a journal from before the early check
+        keys -= {REQUESTED}
+    differ = sorted(k for k in keys if old.get(k) != new.get(k))
+    if differ:
+        raise ConfigError(f"{out} holds an eval made with other settings ({', '.join(differ)} differ): "
+                          f"give another --out, or remove {STATE} and {EXAMPLES} to start again")
+
+
+def check_requested(out: Path, requested: dict) -> None:
+    """Before the models load: refuse a resume whose flags differ from the journal's (the resolved settings,
+    known only once the models are loaded, are checked again by Journal)."""
+    state_path = out / STATE
+    if state_path.exists() and (out / EXAMPLES).exists():
+        old = json.loads(state_path.read_text())
+        if REQUESTED in old:
+            refuse_other_settings(out, old[REQUESTED], requested)
+
+
 class Journal:
     """The finished examples of one eval directory; `add` makes each one durable before the next starts."""
 
@@ -39,11 +63,7 @@ class Journal:
         self.done: dict[str, dict] = {}
         state_path = out / STATE
         if state_path.exists() and self.path.exists():
-            old = json.loads(state_path.read_text())
-            differ = sorted(k for k in old.keys() | state.keys() if old.get(k) != state.get(k))
-            if differ:
-                raise ConfigError(f"{out} holds an eval made with other settings ({', '.join(differ)} differ): "
-                                  f"give another --out, or remove {state_path.name} and {EXAMPLES} to start again")
+            refuse_other_settings(out, json.loads(state_path.read_text()), state)
             self.done = self._read()
             if self.done:
                 log(f"eval: resuming in {out}: {len(self.done)} examples already done ({EXAMPLES})")
@@ -52,27 +72,13 @@ class Journal:
             atomic_write_bytes(state_path, json.dumps(state, indent=1).encode())
 
     def _read(self) -> dict[str, dict]:
-        done = {}
-        lines = self.path.read_bytes().split(b"\n")
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                if i == len(lines) - 1:  # torn last write: that example runs again
-                    break
-                raise ConfigError(f"{self.path}: line {i + 1} is not JSON; remove the file to start the eval again") from None
-            done[entry["id"]] = entry
-        self._truncate_to_whole_lines()
-        return done
-
-    def _truncate_to_whole_lines(self) -> None:
         data = self.path.read_bytes()
+        done = read_entries(self.path, data)
         end = data.rfind(b"\n") + 1
-        if end != len(data):
+        if end != len(data):  # cut the torn last line, so the next example appends after a whole one
             with open(self.path, "r+b") as f:
                 f.truncate(end)
+        return done
 
     def add(self, example_id: str, rows: list[dict], overlaps: list[dict]) -> None:
         entry = {"id": example_id, "rows": rows, "overlaps": overlaps}
@@ -81,3 +87,28 @@ class Journal:
             f.flush()
             os.fsync(f.fileno())
         self.done[example_id] = entry
+
+
+def read_entries(path: Path, data: bytes) -> dict[str, dict]:
+    """The finished examples in `data` (the bytes of examples.jsonl at `path`), by id; a torn last line is left out."""
+    done = {}
+    lines = data.split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # torn last write: that example runs again
+                break
+            raise ConfigError(f"{path}: line {i + 1} is not JSON; remove the file to start the eval again") from None
+        done[entry["id"]] = entry
+    return done
+
+
+def read_journal(out: Path) -> tuple[dict, dict[str, dict]]:
+    """An eval directory's state and finished examples, read only (an eval may still be writing to it)."""
+    state_path, path = out / STATE, out / EXAMPLES
+    if not (state_path.exists() and path.exists()):
+        raise ConfigError(f"{out} holds no eval journal ({STATE} and {EXAMPLES}): run `spcli eval --out {out}` first")
+    return json.loads(state_path.read_text()), read_entries(path, path.read_bytes())

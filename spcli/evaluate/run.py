@@ -14,7 +14,7 @@ from spcli.evaluate import report
 from spcli.evaluate.compare import evaluate_example, load_models, other_speculators
 from spcli.evaluate.config import EvalConfig, is_auto
 from spcli.evaluate.inputs import read_examples
-from spcli.evaluate.journal import Journal, fingerprint
+from spcli.evaluate.journal import REQUESTED, Journal, check_requested, fingerprint, read_journal
 from spcli.evaluate.matched import compare_matched, matched_keeps, with_matched
 from spcli.evaluate.summary import summarize
 from spcli.evaluate.tasks import Example, task_examples
@@ -51,10 +51,30 @@ def environment() -> dict:
     }
 
 
+def summarize_examples(rows: list[dict], overlaps: list[dict], matched: dict, bootstrap: int, seed: int):
+    """The summary with CIs and keep auto's matched comparison, of finished examples' rows and overlaps."""
+    return summarize(rows, overlaps, bootstrap, seed), compare_matched(rows, matched, bootstrap, seed)
+
+
+def journal_summary(out, bootstrap: int = 2000) -> dict:
+    """What an eval directory's journal holds so far, summarised as `run_eval` does at the end, without loading
+    a model (an eval may still be running there)."""
+    state, done = read_journal(out)
+    rows = [r for e in done.values() for r in e["rows"]]
+    overlaps = [o for e in done.values() for o in e["overlaps"]]
+    summary, compared_matched = summarize_examples(rows, overlaps, state.get("matched") or {}, bootstrap,
+                                                   state.get("seed", 0))
+    tasks = [e["rows"][0]["task"] for e in done.values()]
+    return {"num_examples": len(done), "examples_by_task": {t: tasks.count(t) for t in dict.fromkeys(tasks)},
+            "summary": summary, "matched": compared_matched}
+
+
 def run_eval(cfg: EvalConfig, log=print) -> dict:
     out = make_out_dir(cfg.out)
     t_start = time.perf_counter()
     env_start = environment()
+    requested = fingerprint(cfg.to_dict())
+    check_requested(out, requested)
     m = load_models(cfg)
     others = other_speculators(m, cfg)
     cfg = resolve(cfg, cfg.model, m.path, m.speculator_name)
@@ -71,7 +91,7 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
         matched, signals = matched_keeps(m, examples, cfg, log)
         cfg = with_matched(cfg, matched)
     journal = Journal(out, fingerprint(cfg.to_dict(), dtype=m.dtype, speculator=m.speculator_name, scoring=scoring,
-                                  matched=matched, compared=compared), log)
+                                  matched=matched, compared=compared, **{REQUESTED: requested}), log)
     rows, overlaps = [], []
     t_loop, num_run = time.perf_counter(), 0
     for i, ex in enumerate(examples):
@@ -86,13 +106,13 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
                 f"full says {full['output']!r}; ETA {eta:.0f} s")
         rows += journal.done[ex.id]["rows"]
         overlaps += journal.done[ex.id]["overlaps"]
-    summary = summarize(rows, overlaps, cfg.bootstrap, cfg.seed)
+    summary, compared_matched = summarize_examples(rows, overlaps, matched, cfg.bootstrap, cfg.seed)
     results = {
         "config": cfg.to_dict(), "speculator": m.speculator_name, "scoring": scoring, "score": dataclasses.asdict(cfg.score),
         "compared_speculators": compared,
         "environment": env_start,
         "load_average_end": os.getloadavg(), "wall_s": time.perf_counter() - t_start,
-        "summary": summary, "matched_keeps": matched, "matched": compare_matched(rows, matched, cfg.bootstrap, cfg.seed),
+        "summary": summary, "matched_keeps": matched, "matched": compared_matched,
         "rows": rows, "overlaps": overlaps,
     }
     report.write_json(out / "results.json", results)
