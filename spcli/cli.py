@@ -189,8 +189,7 @@ def _scoring(name: str, speculator: str) -> str:
 
     # a profile is keyed by the model folder's content: only a folder on this machine can have one
     d, source = profiles.score_defaults(name, local_folder(name), speculator)
-    return (f"layers {d['score_layers']}, window {d['window']}, look-ahead {d['lookahead']}, pool {d['pool']}, rows {d['rows']}, "
-            f"chunk {d['chunk']} ({source})")
+    return f"{profiles.describe(d)} ({source})"
 
 
 def _register_commands() -> None:

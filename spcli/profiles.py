@@ -64,6 +64,13 @@ def write_profile(model_path: Path, speculator: str, score: dict, evidence: dict
     return path
 
 
+def describe(settings: dict) -> str:
+    """Scoring settings (score fields and the chunk) as `spcli models` and `spcli bench` print them."""
+    d = settings
+    return (f"layers {d['score_layers']}, window {d['window']}, look-ahead {d['lookahead']}, pool {d['pool']}, "
+            f"rows {d['rows']}, chunk {d['chunk']}")
+
+
 FALLBACK_WINDOW = 32
 FALLBACK = "fallback"  # how a fallback's source begins (the banner then suggests `spcli calibrate`)
 

@@ -25,7 +25,7 @@ from spcli.benchmark.stages import Timing, as_text, make_prompts, run_full, run_
 from spcli.engine import load
 from spcli.engine.load import ModelStack
 from spcli.engine.select import is_over_budget
-from spcli.profiles import resolve, settings_source
+from spcli.profiles import describe, resolve, settings_source
 
 
 def load_models(cfg: BenchConfig) -> ModelStack:
@@ -81,8 +81,8 @@ def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
     cfg = resolve(cfg, cfg.model, m.path, spec_name)
     source = settings_source(cfg.score, cfg.select, cfg.model, m.path, spec_name)
     score = cfg.score
-    log(f"speculator {spec_name}: layers {score.score_layers}, window {score.window}, look-ahead {score.lookahead}, "
-        f"pool {score.pool}, rows {score.rows}, chunk {cfg.select.chunk} (settings from {source})")
+    log(f"speculator {spec_name}: {describe({**dataclasses.asdict(score), 'chunk': cfg.select.chunk})} "
+        f"(settings from {source})")
     torch.manual_seed(cfg.seed)
     results = []
     for length in cfg.lengths:

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import platform
 import time
+from collections import Counter
 
 import torch
 import transformers
@@ -64,8 +65,7 @@ def journal_summary(out, bootstrap: int = 2000) -> dict:
     overlaps = [o for e in done.values() for o in e["overlaps"]]
     summary, compared_matched = summarize_examples(rows, overlaps, state.get("matched") or {}, bootstrap,
                                                    state.get("seed", 0))
-    tasks = [e["rows"][0]["task"] for e in done.values()]
-    return {"num_examples": len(done), "examples_by_task": {t: tasks.count(t) for t in dict.fromkeys(tasks)},
+    return {"num_examples": len(done), "examples_by_task": dict(Counter(e["rows"][0]["task"] for e in done.values())),
             "summary": summary, "matched": compared_matched}
 
 
