@@ -224,6 +224,42 @@ def test_cli_writes_results_plot_and_a_profile_that_flags_override(tiny_dir, tmp
     assert (flagged.window, flagged.lookahead, flagged.score_layers, flagged.pool) == (7, 0, str(choice["layer"]), 5)
 
 
+def test_a_profile_is_written_again_from_a_saved_run_and_refused_for_another_model(tiny_dir, tmp_path, monkeypatch):
+    """--write-profile --from-results: the same profile as the run wrote, without loading a model; refused for
+    another speculator, a changed model folder, or without --write-profile."""
+    import shutil
+
+    from spcli import profiles
+    from spcli.cli import app
+
+    monkeypatch.setenv("SPCLI_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    out = tmp_path / "calib"
+    args = ["calibrate", "--model", str(model), "--speculator", "self", "--tasks", "niah", "--lengths", "300",
+            "--samples", "1", "--keep", "0.5", "--windows", "4,16", "--out", str(out), "--write-profile", "--device", "cpu"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    written = profiles.profile_path(model, "self")
+    first = json.loads(written.read_text())
+    assert json.loads((out / "results.json").read_text())["model_key"] == profiles.model_key(model)
+    written.unlink()
+
+    again = ["calibrate", "--model", str(model), "--speculator", "self", "--write-profile", "--from-results", str(out)]
+    result = CliRunner().invoke(app, again)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert json.loads(written.read_text()) == first
+    assert f"profile written: {written}" in result.output and "--score-layers" in result.output
+
+    other = CliRunner().invoke(app, again[:4] + ["self:2"] + again[5:])
+    assert other.exit_code != 0 and "calibrated --model" in str(other.exception) and "--speculator self," in str(other.exception)
+    no_flag = CliRunner().invoke(app, [a for a in again if a != "--write-profile"])
+    assert no_flag.exit_code != 0 and "give --write-profile" in str(no_flag.exception)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "rope_theta": 12345.0}))
+    changed = CliRunner().invoke(app, again)
+    assert changed.exit_code != 0 and "has changed since it was calibrated" in str(changed.exception)
+
+
 def test_a_separate_speculator_has_its_own_layers_swept_and_its_profile_used_by_run(tiny_dir, smollm2_dir, tmp_path, monkeypatch):
     """`--speculator FOLDER`: the speculator's layers (2 here, the base has 3) are swept with early exit in the
     speculator, and the profile is keyed by the base folder and that speculator, so `spcli run` picks it up."""

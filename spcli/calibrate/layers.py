@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from spcli import models, profiles
-from spcli.calibrate import report
+from spcli.calibrate import profile, report
 from spcli.calibrate.config import CalibrateConfig
 from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig
 from spcli.device import synchronize
@@ -268,18 +268,10 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
         "examples": rows,
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
                         "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()},
-        "wall_s": time.perf_counter() - t_start,
+        "wall_s": time.perf_counter() - t_start, "model_key": profiles.model_key(m.path),
     }
     if cfg.write_profile:
-        score = {"window": choice.window, "lookahead": 0, "score_layers": str(choice.layer), "pool": choice.pool,
-                 "rows": choice.rows, "chunk": choice.chunk}
-        setting = Setting(choice.window, choice.pool, choice.chunk, choice.rows)
-        chosen = report.cell(recall, choice.layer, settings.index(setting), cfg.keeps)
-        evidence = {"choice": results["choice"], "recall": chosen, "costs": costs, "target": cfg.target_recall,
-                    "max_cost": cfg.max_cost,
-                    "tasks": list(recall), "lengths": list(cfg.lengths), "samples": cfg.samples, "seed": cfg.seed,
-                    "results": str(out.resolve() / "results.json")}
-        results["profile"] = str(profiles.write_profile(m.path, m.speculator_name, score, evidence))
+        results["profile"] = str(profile.store(results, out / "results.json", m.path))
         log(f"profile written: {results['profile']}")
     report.write_json(out / "results.json", results)
     report.plot(results, out / "calibrate.png")

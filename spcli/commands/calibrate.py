@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
         no_paper: Annotated[bool, typer.Option("--no-paper", help="Do not also score the paper's recipe (every layer, look-ahead 8), the reference row.")] = False,
         out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json and calibrate.png; with --keep-for: results.json and keep_fidelity.png. (--write-profile writes the profile to ~/.cache/spcli/profiles/ or $SPCLI_CACHE/profiles/, not here.)")] = "out/calibrate",
         write_profile: Annotated[bool, typer.Option("--write-profile", help="Store the choice as this model's profile: `spcli run` uses it where flags leave window, look-ahead, layers, pool, rows and chunk unset.")] = False,
+        from_results: Annotated[Optional[str], typer.Option("--from-results", help="With --write-profile: write the profile from a saved run's results.json (a file or its --out folder) instead of measuring again; no model loads. Refused where that run was of another --model or --speculator, or the model folder has changed since.", show_default=False)] = None,
         dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there).")] = "auto",
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         seed: Annotated[int, typer.Option(help="Seed of the built-in tasks (with --keep-for: of the sample).")] = 0,
@@ -57,6 +58,8 @@ def register(app: typer.Typer) -> None:
         from spcli.calibrate.report import text_table
         from spcli.evaluate.config import split_list
 
+        if from_results is not None:
+            return _from_results(from_results, write_profile, model, speculator)
         if keep_for or inputs:
             return _keep_for(inputs, keep_for, out=out, model=model, speculator=speculator, samples=samples or 32,
                              keeps=keep or "0.05,0.1,0.2,0.3,0.5", target_agreement=target_agreement,
@@ -75,6 +78,18 @@ def register(app: typer.Typer) -> None:
         )
         results = run_layers(cfg, log=lambda msg: typer.echo(msg, err=True))
         typer.echo(text_table(results))
+
+
+def _from_results(source: str, write_profile: bool, model: str, speculator: str | None) -> None:
+    from spcli import profiles
+    from spcli.calibrate.profile import choice_score, reinstate
+    from spcli.errors import ConfigError
+
+    if not write_profile:
+        raise ConfigError("--from-results writes a profile from a saved run: give --write-profile with it")
+    path, results = reinstate(source, model, speculator)
+    typer.echo(f"profile written: {path}\n  from {source} ({profiles.describe(choice_score(results['choice']))}; "
+               f"measured {results['config']['samples']} prompts per task and length)\n  {results['run_flags']}")
 
 
 def _one(text: str | None, flag: str) -> int | None:
