@@ -19,7 +19,7 @@ def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, mo
 
     speculator = cfg.speculator or models.default_speculator(cfg.model)
     score = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.score).items())
-    auto_only = ("keep_mass", "keep_min", "keep_max")  # used at keep auto only
+    auto_only = ("keep_scale", "keep_min", "keep_max")  # used at keep auto only
     select = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.select).items()
                        if k != "keep" and (cfg.select.keep == "auto" or k not in auto_only))
     rows = "rows unknown" if rows_total is None else f"{rows_total} row{'' if rows_total == 1 else 's'}"

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
+from spcli.config import KEEP_SCALE, SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
 from spcli.device import nvml_device_checks
 from spcli.errors import EXIT_FAILURE, SpcliError
 
@@ -69,8 +69,8 @@ def run(
     out: Annotated[str, typer.Option("--out", "-o", help="Output directory (created; resumed when it exists).")],
     model: Annotated[str, typer.Option(help="Model name (see `spcli models`), local folder, GGUF file (converted once) or cached HF id.")] = "smollm2-135m",
     speculator: Annotated[Optional[str], typer.Option(help="Speculator model (another tokenizer than the base's is scored through character spans); self = the base model's own weights (early exit after its last scoring layer); self:K = its first K layers. Default: the model's.")] = None,
-    keep: Annotated[str, typer.Option(metavar="FLOAT|auto", help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill; auto = per prompt, from --keep-mass within --keep-min..--keep-max.")] = "0.1",
-    keep_mass: Annotated[float, typer.Option(help="--keep auto: keep the fewest best chunks holding this share of the importance above the chunks' median (measured: README, Choosing keep).")] = 0.8,
+    keep: Annotated[str, typer.Option(metavar="FLOAT|auto", help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill; auto = per prompt, --keep-scale times the chunks that stand out, within --keep-min..--keep-max.")] = "0.1",
+    keep_scale: Annotated[float, typer.Option(help="--keep auto: keep this many times the chunks that stand out of the prompt's unpooled importance (the effective number of chunks above the median, exp of their entropy): one needle gets few, a text to summarise many (measured: README, Choosing keep).")] = KEEP_SCALE,
     keep_min: Annotated[float, typer.Option(help="--keep auto: the least fraction of a prompt kept.")] = 0.05,
     keep_max: Annotated[float, typer.Option(help="--keep auto: the most fraction of a prompt kept.")] = 0.5,
     lookahead: Annotated[Optional[int], typer.Option(help="Greedy look-ahead tokens of the speculator, each a query row (the paper: 8). A truncated self:K decodes poor look-ahead tokens. Default: the model's (see README).")] = None,
@@ -126,7 +126,7 @@ def run(
         max_record_bytes=max_record_bytes, commit_interval=commit_interval, speculator_chunk=speculator_chunk,
         fresh=fresh, force=force, retry_failed=retry_failed,
         select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
-                            keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max),
+                            keep_scale=keep_scale, keep_min=keep_min, keep_max=keep_max),
         score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows, impl=score_impl),
         generate=GenerateConfig(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=logprobs),
         fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),

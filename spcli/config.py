@@ -31,8 +31,9 @@ def check_speculator_chunk(chunk: int) -> None:
 
 
 SPECULATOR_CHUNK = 8192  # tokens per speculator prefill call: its activations are one chunk's, not the prompt's
-AUTO = "auto"  # keep = auto: a per-prompt budget from the importance itself (keep_mass, keep_min, keep_max)
-AUTO_MASS = "above-median"  # keep = auto's mass: each chunk's score above the chunks' median (spcli.engine.select)
+AUTO = "auto"  # keep = auto: a per-prompt budget from the importance itself (keep_scale, keep_min, keep_max)
+AUTO_CRITERION = "perplexity-unpooled"  # keep = auto's budget: spcli.engine.select.auto_budget (issue 20)
+KEEP_SCALE = 1.5  # measured: README, Choosing keep
 
 
 def parse_keep(text: str | float, flag: str = "--keep") -> float | str:
@@ -58,7 +59,7 @@ class SelectConfig:
     keep_first: int = 4  # attention sink / BOS, always kept
     keep_last: int = 64  # question + generation prompt, always kept
     min_tokens: int = 256  # prompts shorter than this are not pruned
-    keep_mass: float = 0.8  # keep = auto: the fewest best chunks holding this share of the mass above the median ...
+    keep_scale: float = KEEP_SCALE  # keep = auto: this many times the chunks that stand out (auto_budget) ...
     keep_min: float = 0.05  # ... but at least this fraction of the prompt ...
     keep_max: float = 0.5  # ... and at most this one
 
@@ -68,7 +69,7 @@ class SelectConfig:
         _check(self.keep_first >= 0, f"--keep-first must be >= 0, got {self.keep_first}")
         _check(self.keep_last >= 0, f"--keep-last must be >= 0, got {self.keep_last}")
         _check(self.min_tokens >= 0, f"--min-tokens must be >= 0, got {self.min_tokens}")
-        _check(0.0 < self.keep_mass <= 1.0, f"--keep-mass must be in (0, 1], got {self.keep_mass}")
+        _check(0.0 < self.keep_scale <= 100.0, f"--keep-scale must be in (0, 100], got {self.keep_scale}")
         _check(0.0 < self.keep_min <= 1.0, f"--keep-min must be in (0, 1], got {self.keep_min}")
         _check(0.0 < self.keep_max <= 1.0, f"--keep-max must be in (0, 1], got {self.keep_max}")
         _check(self.keep_min <= self.keep_max, f"--keep-min ({self.keep_min}) must not exceed --keep-max ({self.keep_max})")
@@ -254,7 +255,10 @@ class RunConfig:
             d.pop(k)
         d["score"].pop("impl")
         if d["select"]["keep"] == AUTO:  # the budget's criterion changed with issue 20: older auto outputs differ
-            d["select"]["auto_mass"] = AUTO_MASS
+            d["select"]["auto_criterion"] = AUTO_CRITERION
+        else:  # unused at a fixed keep; its predecessor's default stands in so that directories made before resume
+            del d["select"]["keep_scale"]
+            d["select"]["keep_mass"] = 0.8
         if d["score"]["rows"] in (None, "mean"):  # mean is what runs before --rows did: their directories resume
             d["score"].pop("rows")
         d.pop("vllm")  # parallelism, memory and placement: same outputs

@@ -18,9 +18,9 @@ def test_keep_auto_spread_bench_gives_every_criterion_a_rate_within_the_bounds(t
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     rates = json.loads(out.read_text())["rates"]
-    for prefix in ("", "unpooled-", "rowmax-"):  # ~400-token prompts: ceil(0.5 n) / n is under 0.5 + 1/300
+    for prefix in ("pooled-mean-", "pooled-max-", "unpooled-mean-", "unpooled-max-"):  # ~400-token prompts: ceil(0.5 n) / n is under 0.5 + 1/300
         for key in ("median@0.8", "plain@0.8", "perplexity@2", "outlier@4"):
             groups = rates[prefix + key]
             assert sorted(groups) == ["niah", "niah-scatter", "summarise"]
             assert all(0.05 <= r <= 0.5 + 1 / 300 for per in groups.values() for r in per), (key, groups)
-    assert "spread" in proc.stdout
+    assert "spread" in proc.stdout and "diffuse" in proc.stdout

@@ -71,8 +71,8 @@ def test_recommend_takes_the_smallest_kept_fraction_that_meets_the_target():
     assert recommend(summary, cfg)["policy"] == "auto"
     assert recommend(summary, KeepForConfig(inputs=("x",), target_kl=0.2))["policy"] == 0.1
     assert recommend(summary, KeepForConfig(inputs=("x",), target_agreement=0.99)) is None
-    flags = run_flags(KeepForConfig(inputs=("x",), select=SelectConfig(keep="auto", keep_mass=0.8)), "auto")
-    assert flags == "spcli run INPUT... --out DIR --model smollm2-135m --keep auto --keep-mass 0.8 --keep-min 0.05 --keep-max 0.5"
+    flags = run_flags(KeepForConfig(inputs=("x",), select=SelectConfig(keep="auto", keep_scale=0.8)), "auto")
+    assert flags == "spcli run INPUT... --out DIR --model smollm2-135m --keep auto --keep-scale 0.8 --keep-min 0.05 --keep-max 0.5"
     flags = run_flags(KeepForConfig(inputs=("x",), select=SelectConfig(chunk=16), score=ScoreConfig(pool=5)), 0.2)
     assert flags == "spcli run INPUT... --out DIR --model smollm2-135m --keep 0.2 --pool 5 --chunk 16"  # given flags only
 
@@ -93,8 +93,8 @@ def test_the_table_ends_with_the_closest_keep_per_criterion_as_run_flags_and_say
         "skipped 1 bad record(s): in.jsonl:line 2: malformed JSON (unexpected end)",
         "warning: 3 sampled records: 95% bootstrap CIs from fewer than 30 are rough and wide; raise --samples (on more "
         "records) before choosing by them",
-        "keep auto kept --keep-max 0.5 on 3 of 3 pruned prompts: --keep-mass 0.8 needs more there; raise --keep-max or "
-        "lower --keep-mass",
+        "keep auto kept --keep-max 0.5 on 3 of 3 pruned prompts: --keep-scale 1.5 asks for more there; raise --keep-max or "
+        "lower --keep-scale",
         f"EM16 >= 0.9 (--target-agreement 0.9): not met in the sweep; closest keep 0.5 (EM16 0.25): {flags} 0.5; "
         "--keep 1.0 is full prefill",
         f"KL <= 0.05 (--target-kl 0.05): keep 0.5 meets it (KL 0.011): {flags} 0.5",

@@ -17,7 +17,7 @@ from test_bad_input import cli, last_line
 from test_resume import argv
 from test_run import read_outputs
 
-AUTO = ["--keep", "auto", "--keep-mass", "0.6", "--keep-min", "0.1", "--keep-max", "0.8"]
+AUTO = ["--keep", "auto", "--keep-scale", "0.6", "--keep-min", "0.1", "--keep-max", "0.8"]
 
 
 def rows(k: int) -> list[dict]:
@@ -27,9 +27,9 @@ def rows(k: int) -> list[dict]:
 def test_keep_auto_rows_show_the_budget_chosen_from_each_prompts_importance(tmp_path, tiny_dir, write_jsonl):
     src = write_jsonl(rows(4) + [{"id": "own", "prompt": "fixed rate here " * 30, "keep": 0.25}])
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, argv(src, out, tiny_dir, *AUTO, "--save-scores"))
-    assert res.exit_code == 0, res.output
-    cfg = SelectConfig(keep="auto", chunk=8, keep_last=8, min_tokens=16, keep_mass=0.6, keep_min=0.1, keep_max=0.8)
+    res = CliRunner().invoke(app, argv(src, out, tiny_dir, *AUTO, "--save-scores", "--pool", "1"))
+    assert res.exit_code == 0, res.output  # pool 1: the saved scores are the unpooled ones the budget reads
+    cfg = SelectConfig(keep="auto", chunk=8, keep_last=8, min_tokens=16, keep_scale=0.6, keep_min=0.1, keep_max=0.8)
     got = {r["id"]: r for r in read_outputs(out)}
     for i in range(4):
         r = got[f"r{i}"]
@@ -41,7 +41,7 @@ def test_keep_auto_rows_show_the_budget_chosen_from_each_prompts_importance(tmp_
     own = got["own"]
     assert own["num_kept_tokens"] == math.ceil(0.25 * own["num_prompt_tokens"]), "a record's own keep wins"
     select = json.loads((out / "manifest.json").read_text())["fingerprint_fields"]["select"]
-    assert (select["keep"], select["keep_mass"], select["keep_min"], select["keep_max"]) == ("auto", 0.6, 0.1, 0.8)
+    assert (select["keep"], select["keep_scale"], select["keep_min"], select["keep_max"]) == ("auto", 0.6, 0.1, 0.8)
 
 
 def test_a_records_auto_wins_over_a_fixed_keep(tmp_path, tiny_dir, write_jsonl):
@@ -56,16 +56,16 @@ def test_a_records_auto_wins_over_a_fixed_keep(tmp_path, tiny_dir, write_jsonl):
     assert got["f"]["num_kept_tokens"] == n
 
 
-def test_changed_keep_mass_refuses_to_resume(tmp_path, tiny_dir, write_jsonl, capsys):
+def test_changed_keep_scale_refuses_to_resume(tmp_path, tiny_dir, write_jsonl, capsys):
     src = write_jsonl(rows(2))
     out = tmp_path / "out"
     code, _, err = cli(argv(src, out, tiny_dir, *AUTO), capsys)
     assert code == 0, err
     code, stdout, err = cli(argv(src, out, tiny_dir, *AUTO), capsys)
     assert code == 0 and stdout.startswith("nothing to do: 2 rows already done"), err
-    code, _, err = cli(argv(src, out, tiny_dir, *AUTO, "--keep-mass", "0.8"), capsys)
+    code, _, err = cli(argv(src, out, tiny_dir, *AUTO, "--keep-scale", "0.8"), capsys)
     assert code == 2
-    assert last_line(err) == (f"spcli: error: {out} holds a run with another configuration (select.keep_mass: 0.6 -> 0.8); "
+    assert last_line(err) == (f"spcli: error: {out} holds a run with another configuration (select.keep_scale: 0.6 -> 0.8); "
                               "rerun with --fresh to start over (deletes its outputs) or --force to append anyway")
 
 
@@ -88,9 +88,9 @@ def test_openai_batch_body_keep_auto(tmp_path, tiny_dir, write_jsonl, capsys):
 def test_slurm_submit_passes_keep_auto_through(tmp_path, write_jsonl):
     src = write_jsonl([{"id": "x", "prompt": "hello"}])
     res = CliRunner().invoke(app, ["slurm", "submit", str(src), "--out", str(tmp_path / "out"), "--dry-run", "--",
-                                   "--keep", "auto", "--keep-mass", "0.8", "--keep-max", "0.4"])
+                                   "--keep", "auto", "--keep-scale", "0.8", "--keep-max", "0.4"])
     assert res.exit_code == 0, res.output
-    assert "run --keep auto --keep-mass 0.8 --keep-max 0.4" in res.stdout.replace(f"{src} --out {tmp_path / 'out'} ", "")
+    assert "run --keep auto --keep-scale 0.8 --keep-max 0.4" in res.stdout.replace(f"{src} --out {tmp_path / 'out'} ", "")
 
 
 def test_inspect_shows_auto_settings_and_the_chosen_rates(tmp_path, tiny_dir, write_jsonl):
@@ -102,9 +102,9 @@ def test_inspect_shows_auto_settings_and_the_chosen_rates(tmp_path, tiny_dir, wr
     res = CliRunner().invoke(app, argv(src, out, tiny_dir, *AUTO))
     assert res.exit_code == 0, res.output
     s = summarize(load_run(out))
-    assert (s.config["keep"], s.config["keep_mass"], s.config["keep_min"], s.config["keep_max"]) == ("auto", 0.6, 0.1, 0.8)
+    assert (s.config["keep"], s.config["keep_scale"], s.config["keep_min"], s.config["keep_max"]) == ("auto", 0.6, 0.1, 0.8)
     rates = sorted(r["keep_rate"] for r in read_outputs(out))
     assert s.keep_quantiles["min"] == pytest.approx(rates[0]) and s.keep_quantiles["max"] == pytest.approx(rates[-1])
     shown = CliRunner().invoke(app, ["inspect", str(out)])
     assert shown.exit_code == 0, shown.output
-    assert "keep auto" in shown.output and "keep_mass 0.6" in shown.output
+    assert "keep auto" in shown.output and "keep_scale 0.6" in shown.output

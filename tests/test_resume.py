@@ -395,6 +395,12 @@ def test_rows_is_fingerprinted_only_when_it_is_not_the_mean_older_runs_used():
 
 
 def test_keep_auto_records_its_criterion_so_older_auto_outputs_do_not_resume_silently():
-    fields = lambda keep: RunConfig(inputs=("x",), out="o", select=SelectConfig(keep=keep)).fingerprint_fields()
-    assert fields("auto")["select"]["auto_mass"] == "above-median"
-    assert "auto_mass" not in fields(0.1)["select"]  # fixed keeps: the fingerprint is as it was
+    fields = lambda keep, **kw: RunConfig(inputs=("x",), out="o", select=SelectConfig(keep=keep, **kw)).fingerprint_fields()
+    assert fields("auto")["select"]["auto_criterion"] == "perplexity-unpooled"
+    assert fields("auto")["select"]["keep_scale"] == 1.5 and "keep_mass" not in fields("auto")["select"]
+    assert fields("auto", keep_scale=2.0) != fields("auto")
+    # fixed keeps: the fingerprint is as it was before keep_scale (keep_mass at its old default), so their
+    # directories resume; keep_scale does not change their outputs
+    fixed = fields(0.1)["select"]
+    assert "auto_criterion" not in fixed and "keep_scale" not in fixed and fixed["keep_mass"] == 0.8
+    assert fields(0.1, keep_scale=3.0) == fields(0.1)

@@ -86,63 +86,63 @@ def test_config_rejects_bad_values(bad):
 
 
 def auto(**kw):
-    return cfg(**{"keep": "auto", "keep_mass": 0.9, "keep_min": 0.1, "keep_max": 0.5, **kw})
+    return cfg(**{"keep": "auto", "keep_scale": 1.5, "keep_min": 0.1, "keep_max": 0.5, **kw})
 
 
-def test_auto_concentrated_scores_keep_the_minimum():
+def keep_auto(imp, c):
+    """select_tokens at keep auto with `imp` as its own unpooled importance."""
+    return select_tokens(imp, c, unpooled=imp)
+
+
+def test_auto_one_standout_chunk_keeps_scale_chunks_within_the_minimum():
     imp = torch.zeros(80)
-    imp[40:44] = 1.0  # one chunk holds all the mass: 4 tokens, below keep_min
-    kept = select_tokens(imp, auto())
-    assert kept.numel() == 8  # ceil(0.1 * 80)
-    assert {40, 41, 42, 43} <= set(kept.tolist())
-    assert auto_budget(imp, auto()) == 8
+    imp[40:44] = 1.0  # one chunk holds all the mass: one effective chunk, 1.5 x 4 = 6 tokens
+    assert auto_budget(imp, auto(keep_min=0.01)) == 6
+    assert auto_budget(imp, auto()) == 8  # below keep_min: ceil(0.1 * 80)
+    kept = keep_auto(imp, auto())
+    assert kept.numel() == 8 and {40, 41, 42, 43} <= set(kept.tolist())
 
 
 def test_auto_flat_scores_keep_the_maximum():
-    assert select_tokens(torch.ones(80), auto()).numel() == 40  # 90% of chunks wanted, keep_max 0.5
-    assert select_tokens(torch.zeros(80), auto()).numel() == 40  # no mass at all counts as flat
+    assert keep_auto(torch.ones(80), auto()).numel() == 40  # nothing stands out of the median: keep_max 0.5
+    assert keep_auto(torch.zeros(80), auto()).numel() == 40  # no mass at all counts as flat
 
 
-def test_auto_between_bounds_takes_the_fewest_chunks_reaching_the_mass():
+def test_auto_effective_number_of_chunks_by_hand():
     imp = torch.full((80,), 0.01)  # 20 chunks of 4; the background 0.01 is every chunk's median ...
     imp[8:12], imp[32:36], imp[60:64] = 0.2, 0.1, 0.05  # ... chunks 2, 8, 15 stand out by 0.76, 0.36, 0.16
-    c = lambda mass: auto(keep_mass=mass, keep_min=0.01, keep_max=1.0)
-    total = 0.76 + 0.36 + 0.16
-    assert auto_budget(imp, c(0.76 / total)) == 4
-    assert auto_budget(imp, c(0.76 / total + 1e-6)) == 8
-    assert auto_budget(imp, c(1.12 / total + 1e-6)) == 12
-    assert select_tokens(imp, c(1.0 / total)).tolist() == [8, 9, 10, 11, 32, 33, 34, 35]
-    assert auto_budget(imp, c(1.0)) == 12  # the background holds no mass: the three chunks are all of it
-    # without sharpening (the criterion before issue 20) the background counts: 2.08 in all
-    old = lambda mass: auto_budget(imp, c(mass), sharpen=False)
-    assert (old(0.8 / 2.08), old(0.8 / 2.08 + 1e-6), old(1.4 / 2.08), old(1.0)) == (4, 8, 12, 80)
+    p = (0.76 / 1.28, 0.36 / 1.28, 0.16 / 1.28)  # 0.59375, 0.28125, 0.125
+    effective = math.exp(-(0.59375 * math.log(0.59375) + 0.28125 * math.log(0.28125) + 0.125 * math.log(0.125)))
+    assert sum(p) == pytest.approx(1.0) and effective == pytest.approx(2.525, abs=1e-3)
+    c = lambda scale: auto(keep_scale=scale, keep_min=0.01, keep_max=1.0)
+    assert auto_budget(imp, c(1.0)) == 11  # ceil(2.525 x 4)
+    assert auto_budget(imp, c(2.0)) == 21  # ceil(20.2)
+    assert keep_auto(imp, c(1.0)).tolist() == [8, 9, 10, 11, 32, 33, 34, 35, 60, 61, 62]  # the last chunk cut
 
 
-def test_auto_sharpened_mass_tells_one_peak_from_many_over_a_floor():
-    """The pooled scores of a real prompt sit on a floor; 90% of the plain mass needs most of the prompt for one
-    peak and for many alike. Relative to the median, one peak takes one chunk and eight peaks eight."""
+def test_auto_tells_one_peak_from_many_over_a_floor():
+    """Unpooled scores of a real prompt sit on a floor; relative to the median, one peak is one effective chunk
+    and eight equal peaks are eight."""
     one, many = torch.full((800,), 0.01), torch.full((800,), 0.01)
     one[400:408] = 0.5
     for c in range(8):
         many[40 + 96 * c : 48 + 96 * c] = 0.5
-    c = auto(chunk=8, keep_mass=0.9, keep_min=0.01, keep_max=0.5)
-    assert (auto_budget(one, c), auto_budget(many, c)) == (8, 64)
-    assert auto_budget(one, c, sharpen=False) == auto_budget(many, c, sharpen=False) == 400  # both hit keep_max
+    c = auto(chunk=8, keep_min=0.01, keep_max=0.5)
+    assert (auto_budget(one, c), auto_budget(many, c)) == (12, 96)  # 1.5 x 1 x 8, 1.5 x 8 x 8
 
 
-def test_auto_mass_exactly_reached_stops_there():
-    imp = torch.tensor([0.5] * 4 + [0.4] * 4 + [0.1] * 4 + [0.0] * 4)
-    c = auto(keep_mass=0.9, keep_min=0.01, keep_max=1.0)  # 0.5 + 0.4 of 1.0: exactly 0.9 after two chunks
-    assert auto_budget(imp, c) == 8
-    assert select_tokens(imp, c).tolist() == list(range(8))
+def test_auto_needs_the_unpooled_importance():
+    with pytest.raises(AssertionError, match="unpooled"):
+        select_tokens(torch.ones(80), auto())
+    assert select_tokens(torch.ones(80), auto(), keep=0.25).numel() == 20  # a fixed keep does not read it
 
 
 def test_auto_bounds_clamp_the_budget():
     imp = torch.zeros(100)
     imp[50:54] = 1.0
-    assert select_tokens(imp, auto(keep_min=0.3, keep_max=0.6)).numel() == 30
-    assert select_tokens(torch.rand(100) + 1.0, auto(keep_min=0.05, keep_max=0.2)).numel() == 20
-    assert select_tokens(torch.ones(100), auto(keep_min=1.0, keep_max=1.0)).numel() == 100
+    assert keep_auto(imp, auto(keep_min=0.3, keep_max=0.6)).numel() == 30
+    assert keep_auto(torch.rand(100) + 1.0, auto(keep_min=0.05, keep_max=0.2)).numel() == 20
+    assert keep_auto(torch.ones(100), auto(keep_min=1.0, keep_max=1.0)).numel() == 100
 
 
 def test_auto_counts_forced_tokens_and_leaves_them_out_of_the_mass():
@@ -150,23 +150,23 @@ def test_auto_counts_forced_tokens_and_leaves_them_out_of_the_mass():
     imp[:4] = 100.0  # forced sink: a huge score that must not decide the mass
     imp[76:] = 100.0  # forced tail
     imp[40:44] = 1.0  # the only free mass: one chunk
-    c = auto(keep_first=4, keep_last=4, keep_min=0.05)
-    assert auto_budget(imp, c) == 12  # 8 forced + chunk 10's 4 tokens
-    kept = select_tokens(imp, c)
+    c = auto(keep_first=4, keep_last=4, keep_min=0.05, keep_scale=1.0)
+    assert auto_budget(imp, c) == 12  # 8 forced + one effective chunk of 4
+    kept = keep_auto(imp, c)
     assert kept.tolist() == [0, 1, 2, 3, 40, 41, 42, 43, 76, 77, 78, 79]
     # forced tokens alone above keep_max: they are kept and nothing else
-    assert select_tokens(imp, auto(keep_first=8, keep_last=8, keep_max=0.1)).numel() == 16
+    assert keep_auto(imp, auto(keep_first=8, keep_last=8, keep_max=0.1)).numel() == 16
 
 
 def test_auto_is_pruned_but_not_below_min_tokens():
     assert is_pruned(80, auto())
     assert not is_pruned(80, auto(min_tokens=81))
-    assert select_tokens(torch.rand(80), auto(min_tokens=81)).tolist() == list(range(80))
+    assert keep_auto(torch.rand(80), auto(min_tokens=81)).tolist() == list(range(80))
     assert is_pruned(80, cfg(keep=1.0), keep="auto")  # a record's own keep wins
-    assert select_tokens(torch.ones(80), cfg(keep=0.1), keep="auto").numel() == 40
+    assert select_tokens(torch.ones(80), cfg(keep=0.1), keep="auto", unpooled=torch.ones(80)).numel() == 40
 
 
-@pytest.mark.parametrize("bad", [dict(keep="half"), dict(keep="auto", keep_mass=0.0), dict(keep_mass=1.5),
+@pytest.mark.parametrize("bad", [dict(keep="half"), dict(keep="auto", keep_scale=0.0), dict(keep_scale=101.0),
                                  dict(keep_min=0.0), dict(keep_max=1.2), dict(keep_min=0.6, keep_max=0.5)])
 def test_config_rejects_bad_auto_values(bad):
     from spcli.errors import ConfigError

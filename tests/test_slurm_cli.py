@@ -86,7 +86,7 @@ def test_gpus_and_cpus_per_task_default_to_what_the_model_and_engine_need(tmp_pa
     (["--kep", "0.1"], "No such option: --kep"),
     (["--keep", "abc"], r"run options after --: --keep must be a number in \(0, 1\] or auto, got 'abc'"),
     (["--keep", "2"], r"run options after --: --keep must be in \(0, 1\] or auto, got 2.0"),
-    (["--keep", "auto", "--keep-mass", "0"], r"run options after --: --keep-mass must be in \(0, 1\], got 0.0"),
+    (["--keep", "auto", "--keep-scale", "0"], r"run options after --: --keep-scale must be in \(0, 100\], got 0.0"),
     (["--keep", "auto", "--keep-min", "0.6", "--keep-max", "0.5"], r"--keep-min \(0.6\) must not exceed --keep-max \(0.5\)"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--score-impl", "cuda"], "--score-impl must be auto, torch or triton"),

@@ -2,6 +2,8 @@
 
 The tiny model has 3 layers; real SmolLM2-135M has 30 (tests/conftest.py)."""
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
@@ -163,6 +165,23 @@ def test_early_exit_runs_only_the_layers_it_needs(tiny_dir):
     finally:
         for h in handles:
             h.remove()
+
+
+def test_unpooled_is_the_same_pass_scored_at_pool_1(tiny_dir):
+    """with_unpooled (keep auto's budget): the importance at pool 1 from the same rows and keys, batched as alone;
+    brute force (eager attention) for the paper's rows, and none unless asked."""
+    model = load_causal_lm(tiny_dir, "float32", CPU).model
+    prompts = [list(range(100, 160)), list(range(300, 340))]
+    for cfg in (paper(3, 5), ScoreConfig(lookahead=0, window=16, score_layers="1", pool=5, rows="max")):
+        together = speculate_batch(model, prompts, cfg, eos_ids=set(), device=CPU, with_unpooled=True)
+        for p, spec in zip(prompts, together):
+            at_1 = speculate(model, p, dataclasses.replace(cfg, pool=1), eos_ids=set(), device=CPU)
+            torch.testing.assert_close(spec.unpooled, at_1.importance, rtol=1e-5, atol=1e-7)
+            assert not torch.equal(spec.unpooled, spec.importance), "pool 5 smooths"
+            if cfg.lookahead:
+                torch.testing.assert_close(spec.unpooled, brute_force(tiny_dir, p, spec.lookahead_ids, 1),
+                                           rtol=1e-4, atol=1e-6)
+    assert speculate(model, prompts[0], paper(3, 5), eos_ids=set(), device=CPU).unpooled is None
 
 
 def test_batched_importance_equals_one_at_a_time(tiny_dir):

@@ -318,7 +318,7 @@ def test_self_with_early_exit_keeps_what_the_hf_engine_keeps(vllm_base, chat_jso
 @needs_vllm
 def test_keep_auto_runs_on_vllm(shared_engine, chat_jsonl, tiny_dir, tmp_path):
     """--keep auto chooses each prompt's budget in the shared prepare stage; vLLM prefills what it chose."""
-    auto = ["--keep", "auto", "--keep-mass", "0.5", "--keep-min", "0.1", "--keep-max", "0.6", "--min-tokens", "16",
+    auto = ["--keep", "auto", "--keep-scale", "0.5", "--keep-min", "0.1", "--keep-max", "0.6", "--min-tokens", "16",
             "--batch-size", "2", "--speculator", str(tiny_dir)]
     code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "vllm"), "--engine", "vllm", *COMMON, *auto)
     assert code == 0, (output, exc)

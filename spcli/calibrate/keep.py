@@ -113,7 +113,7 @@ def kept_for(req: PrunedRequest, select: SelectConfig, policy: float | str) -> t
     if policy == FULL or not is_pruned(n, select, policy):
         return torch.arange(n)
     assert req.importance is not None, "prepare ran at the smallest keep, so every pruned prompt has importance"
-    return select_tokens(req.importance, select, policy, req.forced)
+    return select_tokens(req.importance, select, policy, req.forced, req.unpooled)
 
 
 def generate_all(stack, requests: list[PrunedRequest], batch_size: int) -> list[Generation]:
@@ -132,7 +132,7 @@ def measure(stack, records: list[Record], cfg: KeepForConfig, log=print) -> tupl
                         generate=GenerateConfig(max_tokens=cfg.compare_tokens), fields=cfg.fields,
                         speculator_chunk=cfg.speculator_chunk)
     t0 = time.perf_counter()
-    prepared = prepare(records, run_cfg, stack)
+    prepared = prepare(records, run_cfg, stack, with_unpooled=True)  # auto is always swept
     errors = [f"{r.id}: {p}" for r, p in zip(records, prepared) if isinstance(p, RecordError)]
     requests = [p for p in prepared if isinstance(p, PrunedRequest)]
     if not requests:
@@ -208,7 +208,7 @@ def run_flags(cfg: KeepForConfig, policy: float | str) -> str:
     flags = [f"--model {cfg.model}"] + ([f"--speculator {cfg.speculator}"] if cfg.speculator else [])
     if policy == AUTO:
         s = cfg.select
-        flags.append(f"--keep auto --keep-mass {s.keep_mass:g} --keep-min {s.keep_min:g} --keep-max {s.keep_max:g}")
+        flags.append(f"--keep auto --keep-scale {s.keep_scale:g} --keep-min {s.keep_min:g} --keep-max {s.keep_max:g}")
     else:
         flags.append(f"--keep {policy:g}")
     user_score = {"window": cfg.score.window, "lookahead": cfg.score.lookahead, "score-layers": cfg.score.score_layers,

@@ -66,8 +66,8 @@ def notes(results: dict) -> list[str]:
     for e in results["summary"]:
         if e["policy"] == "auto" and e.get("num_at_keep_max"):
             out.append(f"keep auto kept --keep-max {select['keep_max']:g} on {e['num_at_keep_max']} of {e['num_pruned']} "
-                       f"pruned prompts: --keep-mass {select['keep_mass']:g} needs more there; raise --keep-max or "
-                       "lower --keep-mass")
+                       f"pruned prompts: --keep-scale {select['keep_scale']:g} asks for more there; raise --keep-max or "
+                       "lower --keep-scale")
     return out
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import SPECULATOR_CHUNK
+from spcli.config import KEEP_SCALE, SPECULATOR_CHUNK
 
 
 def register(app: typer.Typer) -> None:
@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="Seed of the built-in tasks (with --keep-for: of the sample).")] = 0,
         target_agreement: Annotated[Optional[float], typer.Option(help="--keep-for: mean agreement of the first 16 greedy tokens with full prefill to reach (default 0.9).", show_default=False)] = None,
         target_kl: Annotated[Optional[float], typer.Option(help="--keep-for: mean first-token KL from full prefill to stay under, instead.", show_default=False)] = None,
-        keep_mass: Annotated[float, typer.Option(help="--keep-for: keep auto's mass, as `spcli run --keep-mass`.")] = 0.8,
+        keep_scale: Annotated[float, typer.Option(help="--keep-for: keep auto's scale, as `spcli run --keep-scale`.")] = KEEP_SCALE,
         keep_min: Annotated[float, typer.Option(help="--keep-for: keep auto's least fraction, as `spcli run --keep-min`.")] = 0.05,
         keep_max: Annotated[float, typer.Option(help="--keep-for: keep auto's most fraction, as `spcli run --keep-max`.")] = 0.5,
         min_tokens: Annotated[int, typer.Option(help="--keep-for: prompts shorter than this are not pruned, as in `spcli run`.")] = 256,
@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
                              keeps=keep or "0.05,0.1,0.2,0.3,0.5", target_agreement=target_agreement,
                              target_kl=target_kl, seed=seed, dtype=dtype, device=device, pool=_one(pool, "--pool"),
                              speculator_chunk=speculator_chunk,
-                             select=dict(chunk=_one(chunk, "--chunk"), keep_mass=keep_mass, keep_min=keep_min, keep_max=keep_max, min_tokens=min_tokens),
+                             select=dict(chunk=_one(chunk, "--chunk"), keep_scale=keep_scale, keep_min=keep_min, keep_max=keep_max, min_tokens=min_tokens),
                              score=dict(window=window, lookahead=lookahead, score_layers=score_layers, rows=rows),
                              fields=dict(prompt=prompt_field, messages=messages_field))
         cfg = CalibrateConfig(

@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str, typer.Option(help="Base model name, local folder, GGUF file or cached HF id.")] = "smollm2-135m",
         speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self:K. Default: the model's. A comma list A,B,... also scores with B,... (rows specprefill@B: each pair's own settings, paired against A's specprefill; one full prefill per example for all).")] = None,
         variant: Annotated[Optional[list[str]], typer.Option(help="Also score with the first speculator at other settings, paired (repeatable): KEY=VALUE,... of lookahead, window, score_layers, pool, rows, chunk; rows specprefill[rows=max]. E.g. --variant rows=max.", show_default=False)] = None,
-        keep: Annotated[str, typer.Option(help="Keep rates, comma-separated; 1.0 = full prefill; auto:P = keep auto with keep mass P (auto alone: P 0.8, as `spcli run --keep-mass`).")] = "0.1,0.3,0.5,1.0",
+        keep: Annotated[str, typer.Option(help="Keep rates, comma-separated; 1.0 = full prefill; auto:P = keep auto with keep scale P (auto alone: P 1.5, as `spcli run --keep-scale`).")] = "0.1,0.3,0.5,1.0",
         selector: Annotated[str, typer.Option(help="Selectors, comma-separated: specprefill, random, recency, sink-recency, self-information.")] = "specprefill,random,recency,sink-recency,self-information",
         samples: Annotated[int, typer.Option(help="Examples per task and length (or the first N input records).")] = 20,
         seed: Annotated[int, typer.Option(help="Seed of the built-in tasks and the random selector.")] = 0,

@@ -49,8 +49,9 @@ def request_for(rec: Record, cfg: RunConfig, stack: ModelStack) -> PrunedRequest
 
 
 def prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_stage=lambda text: None,
-            should_stop=lambda: False) -> list[PrunedRequest | RecordError]:
-    """One request per record, in order, or the RecordError that makes it an error row."""
+            should_stop=lambda: False, with_unpooled: bool = False) -> list[PrunedRequest | RecordError]:
+    """One request per record, in order, or the RecordError that makes it an error row. `with_unpooled`: also
+    score at pool 1 where no record asks for keep auto (calibrate's keep sweep selects at auto afterwards)."""
     out: list[PrunedRequest | RecordError] = []
     for rec in records:
         try:
@@ -58,7 +59,8 @@ def prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_stage=l
         except RecordError as e:
             out.append(e)
     ready = [i for i, r in enumerate(out) if isinstance(r, PrunedRequest)]
-    pruned = prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop, cfg.speculator_chunk)
+    pruned = prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop, cfg.speculator_chunk,
+                   with_unpooled)
     for i, r in zip(ready, pruned):
         out[i] = r
     return out
@@ -76,23 +78,25 @@ def speculator_groups(lengths: list[int], max_tokens: int = SPECULATOR_BATCH_TOK
 
 def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfig, stack: ModelStack,
           on_stage=lambda text: None, should_stop=lambda: False,
-          chunk: int = SPECULATOR_CHUNK) -> list[PrunedRequest | RecordError]:
+          chunk: int = SPECULATOR_CHUNK, with_unpooled: bool = False) -> list[PrunedRequest | RecordError]:
     """Speculate and select the requests whose prompts are pruned (in place); the others keep every token.
 
     The speculator runs where the stack says (`stack.speculate_remote`: vLLM's workers; else here, loaded
     on first use, so a run at keep 1.0 never loads one); selection runs here. should_stop() is asked
-    between speculator passes (StopAtSafePoint); chunk: tokens per speculator prefill call.
+    between speculator passes (StopAtSafePoint); chunk: tokens per speculator prefill call. The importance at
+    pool 1 (keep auto's budget) is scored too where a request asks for keep auto, or `with_unpooled`.
     """
     out: list[PrunedRequest | RecordError] = list(requests)
     todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)]
     if not todo:
         return out
     prompts = [requests[i].speculator_token_ids for i in todo]  # the speculator's own tokens (cross-tokenizer)
+    with_unpooled = with_unpooled or any(requests[i].keep == AUTO for i in todo)
     if stack.speculate_remote is not None:
-        specs = stack.speculate_remote(prompts, score, chunk, on_stage, should_stop)
+        specs = stack.speculate_remote(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled)
     else:
         specs = speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device, chunk,
-                                  on_stage, should_stop)
+                                  on_stage, should_stop, with_unpooled=with_unpooled)
     for i, spec in zip(todo, specs, strict=True):
         req = requests[i]
         if isinstance(spec, RecordError):
@@ -100,19 +104,21 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
             continue
         t0 = time.perf_counter()
         req.importance = carry(spec.importance, req.alignment)  # [n]: the base's tokens (as is: same tokenizer)
-        req.kept = select_tokens(req.importance, select, req.keep, req.forced)
+        req.unpooled = None if spec.unpooled is None else carry(spec.unpooled, req.alignment)
+        req.kept = select_tokens(req.importance, select, req.keep, req.forced, req.unpooled)
         req.speculate_s = spec.speculate_s + time.perf_counter() - t0
     return out
 
 
 def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device,
                       chunk: int = SPECULATOR_CHUNK, on_stage=lambda text: None,
-                      should_stop=lambda: False) -> list[Speculation | RecordError]:
+                      should_stop=lambda: False, with_unpooled: bool = False) -> list[Speculation | RecordError]:
     """One Speculation (or the RecordError of a prompt that ran out of memory alone) per prompt, in order.
 
     The one speculator loop, run by the hf engine, eval, bench and each vLLM worker replica: prompts of
     similar length share one pass (speculator_groups; importance is the same as alone), prefilled `chunk`
-    tokens per call; a pass that runs out of memory is retried one prompt at a time.
+    tokens per call; a pass that runs out of memory is retried one prompt at a time. `with_unpooled`: each
+    Speculation also holds the importance at pool 1 (keep auto's budget).
     """
     out: list[Speculation | RecordError | None] = [None] * len(prompts)
     done = 0
@@ -121,17 +127,18 @@ def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_i
             raise StopAtSafePoint
         on_stage(f"speculating {done + 1}-{done + len(group)} of {len(prompts)} prompts")
         done += len(group)
-        for i, spec in zip(group, _speculate(model, [prompts[i] for i in group], score, eos_ids, device, chunk)):
+        for i, spec in zip(group, _speculate(model, [prompts[i] for i in group], score, eos_ids, device, chunk,
+                                             with_unpooled)):
             out[i] = spec
     return out
 
 
 def _speculate(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device,
-               chunk: int) -> list:
+               chunk: int, with_unpooled: bool) -> list:
     try:
-        return speculate_batch(model, prompts, score, eos_ids, device, chunk=chunk)
+        return speculate_batch(model, prompts, score, eos_ids, device, chunk=chunk, with_unpooled=with_unpooled)
     except torch.OutOfMemoryError:
         free_memory()
         if len(prompts) > 1:
-            return [s for p in prompts for s in _speculate(model, [p], score, eos_ids, device, chunk)]
+            return [s for p in prompts for s in _speculate(model, [p], score, eos_ids, device, chunk, with_unpooled)]
         return [RecordError(f"the speculator ran out of memory on {len(prompts[0])} tokens")]

@@ -72,7 +72,7 @@ class Replica:
         self.model: nn.Module | None = None
 
     def speculate(self, source: dict, prompts: list[list[int]], score: dict, eos_ids: list[int],
-                  chunk: int = SPECULATOR_CHUNK) -> dict:
+                  chunk: int = SPECULATOR_CHUNK, with_unpooled: bool = False) -> dict:
         """Score this rank's prompts; {"wall_s", "results": one encoded Speculation or error per prompt}."""
         from spcli.engine.prepare import speculate_prompts
 
@@ -81,22 +81,33 @@ class Replica:
         if wanted != self.source:
             self.model, self.source = None, None
             self.model, self.source = wanted.load(self.device), wanted
-        specs = speculate_prompts(self.model, prompts, ScoreConfig(**score), set(eos_ids), self.device, chunk) if prompts else []
+        specs = (speculate_prompts(self.model, prompts, ScoreConfig(**score), set(eos_ids), self.device, chunk,
+                                   with_unpooled=with_unpooled) if prompts else [])
         return {"wall_s": time.perf_counter() - t0, "results": [encode(s) for s in specs]}
 
 
 def encode(spec: Speculation | RecordError) -> dict:
     if isinstance(spec, RecordError):
         return {"error": str(spec)}
-    return {"importance": spec.importance.numpy().astype(np.float32).tobytes(), "rows": spec.num_query_rows,
-            "lookahead": list(spec.lookahead_ids), "speculate_s": spec.speculate_s}
+    return {"importance": _bytes(spec.importance), "rows": spec.num_query_rows,
+            "lookahead": list(spec.lookahead_ids), "speculate_s": spec.speculate_s,
+            "unpooled": None if spec.unpooled is None else _bytes(spec.unpooled)}
+
+
+def _bytes(x: torch.Tensor) -> bytes:
+    return x.numpy().astype(np.float32).tobytes()
+
+
+def _tensor(raw: bytes) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(raw, dtype=np.float32).copy())  # [n]
 
 
 def decode(item: dict) -> Speculation | RecordError:
     if "error" in item:
         return RecordError(item["error"])
-    importance = torch.from_numpy(np.frombuffer(item["importance"], dtype=np.float32).copy())  # [n]
-    return Speculation(importance, int(item["rows"]), list(item["lookahead"]), float(item["speculate_s"]))
+    unpooled = item.get("unpooled")
+    return Speculation(_tensor(item["importance"]), int(item["rows"]), list(item["lookahead"]),
+                       float(item["speculate_s"]), None if unpooled is None else _tensor(unpooled))
 
 
 def gather(shares: list[list[int]], replies: list[dict], num_prompts: int, wall_s: float) -> list[Speculation | RecordError]:

@@ -28,6 +28,7 @@ class PrunedRequest:
     keep: float | str = 1.0  # the keep rate asked for this record: a fraction, or "auto"
     speculate_s: float = 0.0  # speculator forward + scoring + selection for this prompt; 0 when not pruned
     importance: torch.Tensor | None = None  # [n] float32, when the speculator ran
+    unpooled: torch.Tensor | None = None  # [n] float32, the importance at pool 1, when keep auto asked for it
     speculator_ids: list[int] | None = None  # [n_spec] the prompt in a speculator's own tokenizer (cross-tokenizer)
     alignment: Alignment | None = None  # speculator tokens -> base tokens, with speculator_ids
 

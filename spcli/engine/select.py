@@ -74,43 +74,38 @@ def clamp_budget(n: int, cfg: SelectConfig, wanted: int) -> int:
     return max(budget(n, cfg.keep_min), min(budget(n, cfg.keep_max), wanted))
 
 
-MASS_TOLERANCE = 1e-9  # a share that reaches keep_mass up to float rounding counts as reached
+def auto_budget(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tensor | None = None) -> int:
+    """keep = auto: the tokens kept for this prompt (DESIGN.md step 8; the criterion of issue 20).
 
-
-def auto_budget(importance: torch.Tensor, cfg: SelectConfig, forced: torch.Tensor | None = None,
-                sharpen: bool = True) -> int:
-    """keep = auto: the tokens kept for this prompt (DESIGN.md step 8).
-
-    Over the tokens that are not forced, chunk c has a mean score s_c and a mass m_c. With `sharpen` (the
-    default) the mass is what stands out of the prompt's own background, m_c = size_c * max(0, s_c - median_c s_c):
-    a prompt whose importance sits on a few chunks (one needle) puts its mass on those chunks, a prompt with many
-    peaks (several facts, a text to summarise) spreads it over many. Without it (the criterion before issue 20),
-    m_c = size_c * s_c: the floor that pooling and softmax leave on every token counts too, and 90% of the mass
-    needed most of any prompt. Chunks ranked by s_c (ties: the earlier first), the fewest whose share of the total
-    mass reaches keep_mass are taken; the budget is the forced tokens plus those chunks' free tokens, clamped to
-    [ceil(keep_min * n), ceil(keep_max * n)]. No mass at all (flat or zero scores) gives the maximum.
+    `importance`: [n], unpooled (pool 1: pooling smears a needle's peak over its neighbours, and every prompt
+    then looks diffuse). Over the tokens that are not forced, chunk c has a mean score s_c and a mass
+    m_c = size_c * max(0, s_c - median_c s_c): what stands out of the prompt's own background. With p_c = m_c / sum m,
+    the effective number of chunks that stand out is exp(-sum p_c log p_c): about 1 when one chunk holds the mass
+    (one needle), many when it is spread (several facts, a text to summarise). The budget is the forced tokens
+    plus keep_scale x that number of chunks' tokens, clamped to [ceil(keep_min * n), ceil(keep_max * n)]. No mass
+    at all (flat or zero scores) gives the maximum.
     """
     n = importance.shape[0]
     forced = forced_mask(n, cfg, forced)
-    mean, sizes, mass = chunk_masses(importance, cfg, forced, sharpen)
+    _, sizes, mass = chunk_masses(importance, cfg, forced)
     total = float(mass.sum())
     if not bool((sizes > 0).any()) or total <= 0.0:
         return budget(n, cfg.keep_max)
-    order = torch.sort(-mean if sharpen else -mass, stable=True).indices
-    share = torch.cumsum(mass[order], dim=0) / total  # [num_chunks]
-    num_taken = int((share < cfg.keep_mass - MASS_TOLERANCE).sum()) + 1  # fewest chunks reaching keep_mass
-    return clamp_budget(n, cfg, int(forced.sum()) + int(sizes[order[:num_taken]].sum()))
+    p = mass[mass > 0] / total
+    num_effective = math.exp(-float((p * p.log()).sum()))  # the perplexity of the standout mass, in chunks
+    return clamp_budget(n, cfg, int(forced.sum()) + math.ceil(round(cfg.keep_scale * num_effective * cfg.chunk, 9)))
 
 
 def select_tokens(importance: torch.Tensor, cfg: SelectConfig, keep: float | str | None = None,
-                  forced: torch.Tensor | None = None) -> torch.Tensor:
+                  forced: torch.Tensor | None = None, unpooled: torch.Tensor | None = None) -> torch.Tensor:
     """Kept token indices, ascending int64 [m].
 
     importance: [n] float. Chunks of cfg.chunk tokens are ranked by mean importance (ties: the
     earlier chunk first). The forced tokens count towards the budget: ceil(keep * n), or
     `auto_budget` at keep = auto; the best chunks fill the rest; the last chunk taken is cut to its
     most important tokens so that exactly the budget is kept. If the forced tokens alone exceed the
-    budget, only they are kept. `forced`: [n] bool, more tokens to force (see forced_mask).
+    budget, only they are kept. `forced`: [n] bool, more tokens to force (see forced_mask). `unpooled`: [n],
+    the importance before pooling, which keep = auto's budget reads (needed there).
     """
     assert cfg.chunk is not None, "resolve the selection chunk first (spcli.profiles.resolve)"
     keep = cfg.keep if keep is None else keep
@@ -118,7 +113,9 @@ def select_tokens(importance: torch.Tensor, cfg: SelectConfig, keep: float | str
     if not is_pruned(n, cfg, keep):
         return torch.arange(n, dtype=torch.int64)
     kept = forced_mask(n, cfg, forced)
-    num_budget = auto_budget(importance, cfg, forced) if keep == AUTO else budget(n, keep)
+    if keep == AUTO:
+        assert unpooled is not None and unpooled.shape == importance.shape, "keep auto's budget reads the unpooled importance"
+    num_budget = auto_budget(unpooled, cfg, forced) if keep == AUTO else budget(n, keep)
     remaining = num_budget - int(kept.sum())
     if remaining <= 0:
         return kept.nonzero().flatten()

@@ -40,6 +40,7 @@ class Speculation:
     num_query_rows: int  # prompt rows + look-ahead steps actually scored (EOS ends the look-ahead)
     lookahead_ids: list[int]  # the greedy look-ahead tokens
     speculate_s: float  # this prompt's share of the batch's forward passes + its scoring
+    unpooled: torch.Tensor | None = None  # [n] float32 on CPU, the importance at pool 1 (keep auto's budget)
 
 
 def prefill(model: nn.Module, batch: Padded, cache: DynamicCache, cap: QueryCapture, chunk: int, **kwargs):
@@ -56,10 +57,11 @@ def prefill(model: nn.Module, batch: Padded, cache: DynamicCache, cap: QueryCapt
 @torch.inference_mode()
 def speculate_batch(
     model: nn.Module, prompts: list[list[int]], cfg: ScoreConfig, eos_ids: set[int], device: torch.device,
-    chunk: int = SPECULATOR_CHUNK,
+    chunk: int = SPECULATOR_CHUNK, with_unpooled: bool = False,
 ) -> list[Speculation]:
     """One Speculation per prompt. `model`: the speculator, a *ForCausalLM; `cfg` resolved; `chunk`:
-    columns per prefill call (the batch's, padding included)."""
+    columns per prefill call (the batch's, padding included); `with_unpooled`: also score at pool 1, for
+    keep = auto's budget (a second scoring call on the same rows and keys; none where cfg.pool is 1)."""
     assert cfg.is_resolved, "resolve the score configuration first (spcli.profiles.resolve_score)"
     assert chunk >= 1, f"chunk must be >= 1, got {chunk}"
     t0 = time.perf_counter()
@@ -108,16 +110,21 @@ def speculate_batch(
         limits = None
         if rows > 1:
             limits = torch.tensor([*range(n - rows + 1, n + 1), *[n] * num_steps[b]], device=q.device)  # [S_b]
-        importance = token_importance(q, [k[b, :, pad:width] for k in keys], pool=cfg.pool, impl=cfg.impl,
-                                      row_limits=limits, rows=cfg.rows)
+        own_keys = [k[b, :, pad:width] for k in keys]
+        importance = token_importance(q, own_keys, pool=cfg.pool, impl=cfg.impl, row_limits=limits, rows=cfg.rows)
+        unpooled = None
+        if with_unpooled:
+            unpooled = importance if cfg.pool == 1 else token_importance(q, own_keys, pool=1, impl=cfg.impl,
+                                                                         row_limits=limits, rows=cfg.rows)
         synchronize(importance.device)
         share = forward_s * n / total
         out_specs.append(Speculation(importance.float().cpu(), q.shape[2], lookahead[b],
-                                     share + time.perf_counter() - s0))
+                                     share + time.perf_counter() - s0,
+                                     None if unpooled is None else unpooled.float().cpu()))
     return out_specs
 
 
 def speculate(model: nn.Module, input_ids: list[int], cfg: ScoreConfig, eos_ids: set[int],
-              device: torch.device, chunk: int = SPECULATOR_CHUNK) -> Speculation:
+              device: torch.device, chunk: int = SPECULATOR_CHUNK, with_unpooled: bool = False) -> Speculation:
     """One prompt alone (a batch of one)."""
-    return speculate_batch(model, [input_ids], cfg, eos_ids, device, chunk=chunk)[0]
+    return speculate_batch(model, [input_ids], cfg, eos_ids, device, chunk=chunk, with_unpooled=with_unpooled)[0]

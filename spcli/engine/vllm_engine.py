@@ -173,7 +173,7 @@ class WorkerSpeculator:
         self.ranks_used: list[int] = []  # the ranks that answered the last call
 
     def __call__(self, prompts: list[list[int]], score, chunk: int, on_stage=lambda text: None,
-                 should_stop=lambda: False):
+                 should_stop=lambda: False, with_unpooled: bool = False):
         from spcli.engine.replica import balance, gather
 
         if should_stop():
@@ -186,7 +186,7 @@ class WorkerSpeculator:
             with _raise_if_engine_dies(self.llm):
                 replies = self.llm.collective_rpc("spcli_speculate", args=(
                     self.source, [[prompts[i] for i in share] for share in shares], dataclasses.asdict(score),
-                    self.eos_ids, chunk))
+                    self.eos_ids, chunk, with_unpooled))
         except Exception as e:  # a worker's exception (or a stop signal's cancel) comes back as a plain Exception
             _raise_engine_died(e)
             raise EngineDied(f"vLLM's workers failed while speculating ({e}); committed rows are safe: run the same "

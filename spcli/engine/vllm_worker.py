@@ -177,12 +177,13 @@ class SpcliWorker(_BaseWorker):
     device (replica.py) that `LLM.collective_rpc("spcli_speculate", ...)` reaches."""
 
     def spcli_speculate(self, source: dict, shares: list[list[list[int]]], score: dict, eos_ids: list[int],
-                        chunk: int) -> dict:
+                        chunk: int, with_unpooled: bool = False) -> dict:
         """Score this rank's share (`shares[rank]`: token ids per prompt); {"rank", "wall_s", "results"}."""
         from spcli.engine.replica import Replica
 
         replica = self.__dict__.setdefault("_spcli_replica", Replica(self.device))
-        return {"rank": self.rank, **replica.speculate(source, shares[self.rank], score, eos_ids, chunk)}
+        return {"rank": self.rank, **replica.speculate(source, shares[self.rank], score, eos_ids, chunk,
+                                                          with_unpooled)}
 
     def init_device(self):
         if self.vllm_config.speculative_config is not None:

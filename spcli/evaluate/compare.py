@@ -24,7 +24,7 @@ from spcli.engine.request import Generation, PrunedRequest
 from spcli.engine.select import is_over_budget
 from spcli.engine.tokenize import cross_tokenize, tokenize
 from spcli.evaluate import metrics
-from spcli.evaluate.config import EvalConfig, policy_order, policy_select, variant_label
+from spcli.evaluate.config import EvalConfig, is_auto, policy_order, policy_select, variant_label
 from spcli.evaluate.selectors import USES_SPECULATOR, Signals, carried, random_seed, select, speculator_signals
 from spcli.evaluate.tasks import Example
 from spcli.io.records import Record
@@ -131,7 +131,8 @@ def example_signals(m: ModelStack, example: Example, ids: list[int], cfg: EvalCo
         assert base_ids == ids, "prompt_ids and cross_tokenize read the example alike"
     signals = speculator_signals(m.speculator, spec_ids, cfg.score, m.speculator_eos_ids, m.device,
                                  with_surprisal="self-information" in cfg.selectors,
-                                 with_paper="specprefill-paper" in cfg.selectors, chunk=cfg.speculator_chunk)
+                                 with_paper="specprefill-paper" in cfg.selectors, chunk=cfg.speculator_chunk,
+                                 with_unpooled=any(is_auto(k) for k in cfg.keeps))
     return carried(signals, alignment)
 
 

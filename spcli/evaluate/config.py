@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from spcli.config import DTYPES, SPECULATOR_CHUNK, ScoreConfig, SelectConfig, _check, check_speculator_chunk
 from spcli.errors import ConfigError
-from spcli.evaluate.selectors import SELECTORS, check_selectors
+from spcli.evaluate.selectors import SELECTORS, USES_SPECULATOR, check_selectors
 from spcli.evaluate.tasks import TASKS
 
 
@@ -20,16 +20,16 @@ def split_list(text: str, kind: type, flag: str) -> tuple:
         raise ConfigError(f"{flag} takes a comma-separated list of {kind.__name__} values, got {text!r}") from None
 
 
-def parse_policy(text: str, default_mass: float = SelectConfig.keep_mass) -> float | str:
-    """One --keep value: a rate in (0, 1], or auto / auto:P (keep = auto with keep_mass P) -> "auto:P"."""
+def parse_policy(text: str, default_scale: float = SelectConfig.keep_scale) -> float | str:
+    """One --keep value: a rate in (0, 1], or auto / auto:P (keep = auto with keep_scale P) -> "auto:P"."""
     text = text.strip().lower()
     if text == "auto" or text.startswith("auto:"):
-        mass = text.partition(":")[2] or str(default_mass)
+        scale = text.partition(":")[2] or str(default_scale)
         try:
-            value = float(mass)
+            value = float(scale)
         except ValueError:
-            raise ConfigError(f"--keep auto:P needs a mass P in (0, 1], got {text!r}") from None
-        _check(0.0 < value <= 1.0, f"--keep auto:P needs a mass P in (0, 1], got {text!r}")
+            raise ConfigError(f"--keep auto:P needs a scale P in (0, 100], got {text!r}") from None
+        _check(0.0 < value <= 100.0, f"--keep auto:P needs a scale P in (0, 100], got {text!r}")
         return f"auto:{value:g}"
     try:
         return float(text)
@@ -62,8 +62,8 @@ def variant_label(variant: tuple[tuple[str, object], ...]) -> str:
     return "specprefill[" + ",".join(f"{k}={v}" for k, v in variant) + "]"
 
 
-def split_keeps(text: str, default_mass: float = SelectConfig.keep_mass) -> tuple:
-    return tuple(parse_policy(s, default_mass) for s in text.split(",") if s.strip())
+def split_keeps(text: str, default_scale: float = SelectConfig.keep_scale) -> tuple:
+    return tuple(parse_policy(s, default_scale) for s in text.split(",") if s.strip())
 
 
 def is_auto(policy: float | str) -> bool:
@@ -71,9 +71,9 @@ def is_auto(policy: float | str) -> bool:
 
 
 def policy_select(select: SelectConfig, policy: float | str) -> tuple[SelectConfig, float | str]:
-    """The selection config and keep that implement a --keep policy: auto:P is keep auto, keep_mass P."""
+    """The selection config and keep that implement a --keep policy: auto:P is keep auto, keep_scale P."""
     if is_auto(policy):
-        return dataclasses.replace(select, keep="auto", keep_mass=float(policy.partition(":")[2])), "auto"
+        return dataclasses.replace(select, keep="auto", keep_scale=float(policy.partition(":")[2])), "auto"
     return select, policy
 
 
@@ -96,7 +96,7 @@ class EvalConfig:
     speculator: str | None = None  # None = the model's default
     extra_speculators: tuple[str, ...] = ()  # `--speculator A,B,...`: B... compared with A, rows `specprefill@B`
     variants: tuple[tuple[tuple[str, object], ...], ...] = ()  # `--variant rows=max`: A with other settings
-    keeps: tuple[float | str, ...] = (0.1, 0.3, 0.5, 1.0)  # rates, and "auto:P" policies (keep auto, keep_mass P)
+    keeps: tuple[float | str, ...] = (0.1, 0.3, 0.5, 1.0)  # rates, and "auto:P" policies (keep auto, keep_scale P)
     selectors: tuple[str, ...] = SELECTORS
     samples: int = 20  # per task and length (built-in), or the first N records of the inputs
     seed: int = 0  # task generation and random selection
@@ -121,6 +121,8 @@ class EvalConfig:
                 policy_select(self.select, k)  # validates the mass
         _check(bool(self.selectors), f"--selector needs at least one of {', '.join(SELECTORS)}")
         check_selectors(self.selectors)
+        _check(not any(is_auto(k) for k in self.keeps) or any(s in USES_SPECULATOR for s in self.selectors),
+               "--keep auto's budget comes from the speculator's importance: add specprefill to --selector")
         _check(all(256 <= n <= 32768 for n in self.lengths), f"--lengths must be in [256, 32768] tokens, got {self.lengths}")
         _check(self.samples >= 1, f"--samples must be >= 1, got {self.samples}")
         _check(self.max_tokens is None or self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")

@@ -33,7 +33,7 @@ MIN_N = 30  # fewer examples per row: bootstrap CIs are too rough to compare sel
 COLUMN_HELP = (  # README and `spcli eval --help` explain the columns in these words
     ("selector", "how tokens were chosen: full (full prefill, the reference), specprefill, random, recency, "
                  "sink-recency, self-information"),
-    ("keep", "the keep rate asked for, or auto:P (keep auto with keep_mass P)"), ("n", "examples in the row"),
+    ("keep", "the keep rate asked for, or auto:P (keep auto with keep_scale P)"), ("n", "examples in the row"),
     ("kept%", "prompt tokens actually kept (forced first/last tokens included)"),
     ("acc", "task accuracy: the answer found in the output (all answers, when several are required)"),
     ("acc-full", "paired difference of acc against full prefill on the same examples (0 = as good)"),

@@ -1,8 +1,8 @@
 """Token selectors compared by `spcli eval`: SpecPrefill and the baselines, over one selection machinery.
 
 Every selector only builds an importance vector [n]; `spcli.engine.select.select_tokens` then applies
-the same budget ceil(keep * n), forced tokens and chunking to all of them, so they differ in what
-they rank and in nothing else.
+the same budget ceil(keep * n) (at keep auto: the one the speculator's unpooled importance gives), forced
+tokens and chunking to all of them, so they differ in what they rank and in nothing else.
 
     specprefill       speculator attention of the configured query rows (window / look-ahead, scored layers)
     specprefill-paper the same speculator with the paper's recipe (look-ahead 8, every layer, the last
@@ -46,6 +46,7 @@ class Signals:
     paper_importance: torch.Tensor | None = None  # [n] float32 with the paper's recipe, when asked
     paper_s: float = 0.0  # its speculator pass + scoring
     forced: torch.Tensor | None = None  # [n] bool: tokens a speculator of another tokenizer has no score for
+    unpooled: torch.Tensor | None = None  # [n] float32, `importance` at pool 1: keep auto's budget, when asked
 
 
 def carried(signals: Signals, alignment: Alignment | None) -> Signals:
@@ -54,9 +55,10 @@ def carried(signals: Signals, alignment: Alignment | None) -> Signals:
     if alignment is None:
         return signals
     paper = None if signals.paper_importance is None else carry(signals.paper_importance, alignment)
+    unpooled = None if signals.unpooled is None else carry(signals.unpooled, alignment)
     return dataclasses.replace(signals, importance=carry(signals.importance, alignment),
                                surprisal=carry(signals.surprisal, alignment), paper_importance=paper,
-                               forced=alignment.forced)
+                               forced=alignment.forced, unpooled=unpooled)
 
 
 def check_selectors(names: tuple[str, ...]) -> None:
@@ -68,7 +70,7 @@ def check_selectors(names: tuple[str, ...]) -> None:
 @torch.inference_mode()
 def speculator_signals(
     model: nn.Module, input_ids: list[int], cfg: ScoreConfig, eos_ids: set[int], device: torch.device,
-    with_surprisal: bool = True, with_paper: bool = False, chunk: int = SPECULATOR_CHUNK,
+    with_surprisal: bool = True, with_paper: bool = False, chunk: int = SPECULATOR_CHUNK, with_unpooled: bool = False,
 ) -> Signals:
     """One speculator pass (spcli's own `speculate`, `chunk` tokens per prefill call) that also yields
     per-token surprisal.
@@ -77,13 +79,15 @@ def speculator_signals(
     forward hook on the decoder stack, so self-information costs an LM-head pass, not a second
     prefill. After an early exit (no look-ahead) there are none: a full forward computes them.
     Without `with_surprisal` (no self-information selector) surprisal is all zeros and costs nothing.
+    `with_unpooled`: the importance at pool 1 too (keep auto's budget, for every selector).
     """
     paper = (speculate(model, input_ids, dataclasses.replace(cfg, **PAPER_SCORE), eos_ids, device, chunk=chunk)
              if with_paper else None)
     extra = (paper.importance, paper.speculate_s) if paper else (None, 0.0)
     if not with_surprisal:
-        spec = speculate(model, input_ids, cfg, eos_ids, device, chunk=chunk)
-        return Signals(spec.importance, torch.zeros(len(input_ids)), spec.speculate_s, 0.0, *extra)
+        spec = speculate(model, input_ids, cfg, eos_ids, device, chunk=chunk, with_unpooled=with_unpooled)
+        return Signals(spec.importance, torch.zeros(len(input_ids)), spec.speculate_s, 0.0, *extra,
+                       unpooled=spec.unpooled)
     hidden: list[torch.Tensor] = []
 
     def keep_prefill(_module, _args, output):
@@ -93,7 +97,7 @@ def speculator_signals(
     is_early_exit = cfg.lookahead == 0
     handle = None if is_early_exit else model.model.register_forward_hook(keep_prefill)
     try:
-        spec = speculate(model, input_ids, cfg, eos_ids, device, chunk=chunk)
+        spec = speculate(model, input_ids, cfg, eos_ids, device, chunk=chunk, with_unpooled=with_unpooled)
     finally:
         if handle is not None:
             handle.remove()  # module copies made by first_layers share the hook dict with the base model
@@ -108,7 +112,8 @@ def speculator_signals(
         logits = model.lm_head(states[start:end]).float()  # [rows, V]: predicts tokens start+1 .. end
         logp = torch.log_softmax(logits, dim=-1)
         surprisal[start + 1 : end + 1] = -logp.gather(1, ids[start + 1 : end + 1, None])[:, 0].cpu()
-    return Signals(spec.importance, surprisal, spec.speculate_s, time.perf_counter() - t0, *extra)
+    return Signals(spec.importance, surprisal, spec.speculate_s, time.perf_counter() - t0, *extra,
+                   unpooled=spec.unpooled)
 
 
 def random_seed(seed: int, example_id: str) -> int:
@@ -146,4 +151,5 @@ def select(selector: str, n: int, signals: Signals | None, cfg: SelectConfig, ke
     if not is_pruned(n, cfg, keep):
         return torch.arange(n)  # short prompt or keep 1.0: no speculator pass was needed
     forced = signals.forced if signals is not None and selector in USES_SPECULATOR else None
-    return select_tokens(importance_for(selector, n, signals, cfg, seed), cfg, keep, forced)
+    unpooled = None if signals is None else signals.unpooled  # keep auto: the speculator's budget, for every selector
+    return select_tokens(importance_for(selector, n, signals, cfg, seed), cfg, keep, forced, unpooled)

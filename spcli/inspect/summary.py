@@ -108,7 +108,7 @@ def auto_keep(select: dict) -> dict:
     """keep = auto: the settings of the per-prompt budget (the rates it chose are the keep-rate distribution)."""
     if select.get("keep") != "auto":
         return {}
-    return {k: select.get(k) for k in ("keep_mass", "keep_min", "keep_max")}
+    return {k: select.get(k) for k in ("keep_scale", "keep_min", "keep_max")}
 
 
 def group_errors(messages: list[str]) -> list[ErrorGroup]:
