@@ -24,3 +24,19 @@ def test_keep_auto_spread_bench_gives_every_criterion_a_rate_within_the_bounds(t
             assert sorted(groups) == ["niah", "niah-scatter", "summarise"]
             assert all(0.05 <= r <= 0.5 + 1 / 300 for per in groups.values() for r in per), (key, groups)
     assert "spread" in proc.stdout and "diffuse" in proc.stdout
+
+
+def test_keep_auto_mixed_set_is_records_spcli_run_reads(tmp_path, tiny_dir):
+    from spcli.config import FieldConfig
+    from spcli.io.read import read_records
+    from spcli.io.records import discover
+
+    out = tmp_path / "mixed.jsonl"
+    proc = subprocess.run([sys.executable, str(REPO / "benches" / "keep_auto_mixed.py"), "--model", str(tiny_dir),
+                           "--length", "400", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [r for shard in discover([str(out)]) for r in read_records(shard, FieldConfig())]
+    assert [r.error for r in records] == [None] * 6
+    assert [r.id.split("-")[0] for r in records] == ["niah"] * 4 + ["summarise"] * 2
+    assert all(r.messages and r.messages[0]["role"] == "user" for r in records)

@@ -317,7 +317,8 @@ def test_self_with_early_exit_keeps_what_the_hf_engine_keeps(vllm_base, chat_jso
 
 @needs_vllm
 def test_keep_auto_runs_on_vllm(shared_engine, chat_jsonl, tiny_dir, tmp_path):
-    """--keep auto chooses each prompt's budget in the shared prepare stage; vLLM prefills what it chose."""
+    """--keep auto chooses each prompt's budget in the shared prepare stage from the unpooled importance the
+    workers' replicas send back; vLLM prefills what it chose, the same tokens as the hf engine."""
     auto = ["--keep", "auto", "--keep-scale", "0.5", "--keep-min", "0.1", "--keep-max", "0.6", "--min-tokens", "16",
             "--batch-size", "2", "--speculator", str(tiny_dir)]
     code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "vllm"), "--engine", "vllm", *COMMON, *auto)
@@ -328,6 +329,10 @@ def test_keep_auto_runs_on_vllm(shared_engine, chat_jsonl, tiny_dir, tmp_path):
         n = row["num_prompt_tokens"]
         assert row["error"] is None and row["output"]
         assert 0.1 * n <= row["num_kept_tokens"] <= max(-(-6 * n // 10), 4 + 64) < n  # within the bounds; forced floor
+    code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "hf"), "--engine", "hf", *COMMON, *auto)
+    assert code == 0, (output, exc)
+    hf = read_rows(tmp_path / "hf")
+    assert {rid: r["kept_indices"] for rid, r in rows.items()} == {rid: r["kept_indices"] for rid, r in hf.items()}
 
 
 @needs_vllm
