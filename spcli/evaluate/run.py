@@ -20,7 +20,7 @@ from spcli.evaluate.matched import compare_matched, matched_keeps, with_matched
 from spcli.evaluate.summary import summarize
 from spcli.evaluate.tasks import Example, task_examples
 from spcli.io.outdir import make_out_dir
-from spcli.profiles import resolve
+from spcli.profiles import describe, resolve
 
 
 def build_examples(cfg: EvalConfig, tokenizer, max_positions: int = 1 << 30, log=print) -> list[Example]:
@@ -39,9 +39,9 @@ def interleaved(examples: list[Example]) -> list[Example]:
     return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
-def score_label(score) -> str:
-    return (f"window {score.window}, look-ahead {score.lookahead}, layers {score.score_layers}, pool {score.pool}, "
-            f"rows {score.rows}")
+def score_label(score, chunk: int) -> str:
+    """Resolved scoring settings and the selection chunk, as `spcli models` and `spcli bench` print them."""
+    return describe({**dataclasses.asdict(score), "chunk": chunk})
 
 
 def environment() -> dict:
@@ -81,11 +81,11 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     examples = interleaved(build_examples(cfg, m.tokenizer, m.max_positions, log))
     scoring = m.scoring if cfg.pruned_keeps else None  # keep 1.0 alone never reads the speculator
     log(f"eval: {len(examples)} examples, selectors {', '.join(cfg.selectors)}, keep {', '.join(map(str, cfg.keeps))}, "
-        f"speculator {m.speculator_name}{f', {scoring}' if scoring else ''} ({score_label(cfg.score)}), device {m.device}")
+        f"speculator {m.speculator_name}{f', {scoring}' if scoring else ''} ({score_label(cfg.score, cfg.select.chunk)}), device {m.device}")
     compared = [{"label": o.label, "speculator": o.stack.speculator_name, "scoring": o.stack.scoring,
                  "score": dataclasses.asdict(o.cfg.score), "chunk": o.cfg.select.chunk} for o in others]
     for o, c in zip(others, compared):
-        log(f"eval: also {o.label}, {c['scoring']} ({score_label(o.cfg.score)}, chunk {c['chunk']})")
+        log(f"eval: also {o.label}, {c['scoring']} ({score_label(o.cfg.score, c['chunk'])})")
     matched, signals = {}, {}
     if cfg.match_auto and any(is_auto(k) for k in cfg.keeps):
         matched, signals = matched_keeps(m, examples, cfg, log)
