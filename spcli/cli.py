@@ -69,7 +69,7 @@ def run(
     out: Annotated[str, typer.Option("--out", "-o", help="Output directory (created; resumed when it exists).")],
     model: Annotated[str, typer.Option(help="Model name (see `spcli models`), local folder, GGUF file (converted once) or cached HF id.")] = "smollm2-135m",
     speculator: Annotated[Optional[str], typer.Option(help="Speculator model (another tokenizer than the base's is scored through character spans); self = the base model's own weights (early exit after its last scoring layer); self:K = its first K layers. Default: the model's.")] = None,
-    keep: Annotated[str, typer.Option(metavar="FLOAT|auto", help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill; auto = per prompt, --keep-scale times the chunks that stand out, within --keep-min..--keep-max.")] = "0.1",
+    keep: Annotated[str, typer.Option(metavar="FLOAT|auto", help="Fraction of prompt tokens the base model prefills; 1.0 = full prefill; auto = per prompt, --keep-scale times the chunks that stand out, within --keep-min..--keep-max (measured against a fixed keep at the same mean: closer to full prefill, not more answers; README, Choosing keep).")] = "0.1",
     keep_scale: Annotated[float, typer.Option(help="--keep auto: keep this many times the chunks that stand out of the prompt's unpooled importance (the effective number of chunks above the median, exp of their entropy): one needle gets few, a text to summarise many (measured: README, Choosing keep).")] = KEEP_SCALE,
     keep_min: Annotated[float, typer.Option(help="--keep auto: the least fraction of a prompt kept.")] = 0.05,
     keep_max: Annotated[float, typer.Option(help="--keep auto: the most fraction of a prompt kept.")] = 0.5,
