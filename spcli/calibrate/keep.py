@@ -53,7 +53,7 @@ class KeepForConfig:
     dtype: str | None = None
     device: str = "auto"
     speculator_chunk: int = SPECULATOR_CHUNK  # tokens per speculator prefill call (memory only)
-    select: SelectConfig = field(default_factory=lambda: SelectConfig(keep=AUTO))  # auto's mass/min/max; chunking
+    select: SelectConfig = field(default_factory=lambda: SelectConfig(keep=AUTO))  # auto's scale/min/max; chunking
     score: ScoreConfig = field(default_factory=ScoreConfig)
     fields: FieldConfig = field(default_factory=FieldConfig)
 

@@ -78,7 +78,7 @@ def policy_select(select: SelectConfig, policy: float | str) -> tuple[SelectConf
 
 
 def policy_order(policy: float | str) -> tuple:
-    """Sort key: fixed rates ascending, then auto policies by mass."""
+    """Sort key: fixed rates ascending, then auto policies by scale."""
     return (1, float(policy.partition(":")[2])) if is_auto(policy) else (0, policy)
 
 
@@ -118,7 +118,7 @@ class EvalConfig:
         _check(bool(self.keeps) and all(is_auto(k) or 0.0 < k <= 1.0 for k in self.keeps), f"--keep values must be in (0, 1], got {self.keeps}")
         for k in self.keeps:
             if is_auto(k):
-                policy_select(self.select, k)  # validates the mass
+                policy_select(self.select, k)  # validates the scale
         _check(bool(self.selectors), f"--selector needs at least one of {', '.join(SELECTORS)}")
         check_selectors(self.selectors)
         _check(not any(is_auto(k) for k in self.keeps) or any(s in USES_SPECULATOR for s in self.selectors),
