@@ -6,6 +6,7 @@ real smollm2-135m folder (config.json + safetensors headers) on one 16 GiB GPU.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -176,6 +177,9 @@ def test_a_part_wheel_preset_is_planned_from_its_built_folder(tmp_path, monkeypa
         make_plan(PlanConfig(model="qwen2.5-coder-1.5b", speculator="self", length=1024, keep=0.1, batch=1))
     for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
         shutil.copytree(tiny_dir, preset_folder(name))
+    # the preset scores the 0.5B at its layer 7: the stand-in speculator needs the 0.5B's 24 layers
+    config_path = preset_folder("qwen2.5-coder-0.5b") / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "num_hidden_layers": 24}))
     p = make_plan(PlanConfig(model="qwen2.5-coder-1.5b", length=1024, keep=0.1, batch=1))
     assert p.base.source == str(preset_folder("qwen2.5-coder-1.5b") / "config.json")
     assert p.speculator.source == str(preset_folder("qwen2.5-coder-0.5b") / "config.json")
