@@ -78,9 +78,9 @@ def wait_for_job(job_id: str, timeout: float, tasks: int | None = None) -> list[
             detail = _run("scontrol", "show", "job", job_id).stdout
             raise AssertionError(f"job {job_id} still queued after {timeout:.0f} s: {queued(job_id)}\n{detail}")
         time.sleep(0.5)
-    while True:  # accounting reaches slurmdbd a moment after squeue lets go of the job
-        rows = sacct_rows(job_id)
-        if rows and all(r["state"] in FINAL_STATES for r in rows) and (
+    while True:  # accounting reaches slurmdbd a moment after squeue lets go of the job, and a final
+        rows = sacct_rows(job_id)  # state can be there a moment before its End time (then "Unknown")
+        if rows and all(r["state"] in FINAL_STATES and r["end"] != "Unknown" for r in rows) and (
                 expected is None or {r["job"] for r in rows} == expected):
             return rows
         if time.monotonic() > deadline:
