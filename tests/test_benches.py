@@ -40,3 +40,32 @@ def test_keep_auto_mixed_set_is_records_spcli_run_reads(tmp_path, tiny_dir):
     assert [r.error for r in records] == [None] * 6
     assert [r.id.split("-")[0] for r in records] == ["niah"] * 4 + ["summarise"] * 2
     assert all(r.messages and r.messages[0]["role"] == "user" for r in records)
+
+
+def test_eval_pairs_bench_gives_the_paired_differences_of_the_journal_rows(tmp_path, tiny_dir):
+    from spcli.config import SelectConfig
+    from spcli.evaluate.config import EvalConfig
+    from spcli.evaluate.run import run_eval
+
+    out = tmp_path / "e"
+    cfg = EvalConfig(out=str(out), tasks=("niah", "niah-multi"), lengths=(512,), samples=1, model=str(tiny_dir),
+                     speculator="self:2", keeps=(0.3, 1.0), selectors=("specprefill", "random"), dtype="float32",
+                     device="cpu", bootstrap=200, select=SelectConfig(keep=1.0, min_tokens=0))
+    rows = run_eval(cfg, log=lambda _: None)["rows"]
+    proc = subprocess.run([sys.executable, str(REPO / "benches" / "eval_pairs.py"), str(out), "random", "--metric", "kl"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    entries = {(e["selector"], e["keep"], e["task"]): e["delta"] for e in
+               json.loads((out / "pairs-random.json").read_text())}
+    ref = {(r["id"], r["keep"]): r["kl"] for r in rows if r["selector"] == "random"}  # KL: nonzero on random weights
+    keep = 0.3
+    got = [r for r in rows if r["selector"] == "specprefill" and r["keep"] == keep]
+    want = [r["kl"] - ref[(r["id"], keep)] for r in got]
+    assert entries[("specprefill", keep, "all")]["n"] == len(want) == 2
+    assert abs(entries[("specprefill", keep, "all")]["mean"] - sum(want) / 2) < 1e-12 and any(want)
+    niah = [r["kl"] - ref[(r["id"], keep)] for r in got if r["task"] == "niah"]
+    assert abs(entries[("specprefill", keep, "niah")]["mean"] - sum(niah)) < 1e-12
+    assert not any(s == "random" for s, _, _ in entries)  # the reference is not paired with itself
+    bad = subprocess.run([sys.executable, str(REPO / "benches" / "eval_pairs.py"), str(out), "nope"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert bad.returncode != 0 and "no rows of selector 'nope'" in bad.stderr
