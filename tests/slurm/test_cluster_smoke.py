@@ -158,5 +158,8 @@ def test_preempted_task_that_ignores_usr1_is_requeued_by_slurm(slurm_cluster, tm
     assert [r["state"] for r in low_rows] == ["COMPLETED"]
     assert (out / "runs-0").read_text().splitlines() == [
         "start restart=unset count=1", "ignored USR1", "signal TERM", "start restart=1 count=1"]
-    assert attempts(out) == [(0, 75, "stopped"), (1, 0, "done")]
+    # squeue can still say RUNNING just after TERM (seen once in a fresh-clone CI): then the script asks for a
+    # requeue, scontrol refuses it, and Slurm's own requeue runs the task again all the same
+    assert attempts(out) in ([(0, 75, "stopped"), (1, 0, "done")],
+                             [(0, 75, "requeue"), (0, 75, "requeue-failed"), (1, 0, "done")])
     assert [r["state"] for r in slurm_cluster.sacct_rows(low, duplicates=True)] == ["PREEMPTED", "COMPLETED"]
