@@ -11,11 +11,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def bench(name: str, *args: str) -> subprocess.CompletedProcess:
+    """benches/NAME run as a user runs it, with this checkout on the path."""
+    return subprocess.run([sys.executable, str(REPO / "benches" / name), *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
 def test_keep_auto_spread_bench_gives_every_criterion_a_rate_within_the_bounds(tmp_path, tiny_dir):
     out = tmp_path / "spread.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benches" / "keep_auto_spread.py"), "--model", str(tiny_dir),
-                           "--samples", "1", "--length", "400", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = bench("keep_auto_spread.py", "--model", str(tiny_dir), "--samples", "1", "--length", "400", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rates = json.loads(out.read_text())["rates"]
     for prefix in ("pooled-mean-", "pooled-max-", "unpooled-mean-", "unpooled-max-"):  # ~400-token prompts: ceil(0.5 n) / n is under 0.5 + 1/300
@@ -32,9 +36,7 @@ def test_keep_auto_mixed_set_is_records_spcli_run_reads(tmp_path, tiny_dir):
     from spcli.io.records import discover
 
     out = tmp_path / "mixed.jsonl"
-    proc = subprocess.run([sys.executable, str(REPO / "benches" / "keep_auto_mixed.py"), "--model", str(tiny_dir),
-                           "--length", "400", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = bench("keep_auto_mixed.py", "--model", str(tiny_dir), "--length", "400", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [r for shard in discover([str(out)]) for r in read_records(shard, FieldConfig())]
     assert [r.error for r in records] == [None] * 6
@@ -52,8 +54,7 @@ def test_eval_pairs_bench_gives_the_paired_differences_of_the_journal_rows(tmp_p
                      speculator="self:2", keeps=(0.3, 1.0), selectors=("specprefill", "random"), dtype="float32",
                      device="cpu", bootstrap=200, select=SelectConfig(keep=1.0, min_tokens=0))
     rows = run_eval(cfg, log=lambda _: None)["rows"]
-    proc = subprocess.run([sys.executable, str(REPO / "benches" / "eval_pairs.py"), str(out), "random", "--metric", "kl"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = bench("eval_pairs.py", str(out), "random", "--metric", "kl")
     assert proc.returncode == 0, proc.stderr[-2000:]
     entries = {(e["selector"], e["keep"], e["task"]): e["delta"] for e in
                json.loads((out / "pairs-random.json").read_text())}
@@ -66,6 +67,5 @@ def test_eval_pairs_bench_gives_the_paired_differences_of_the_journal_rows(tmp_p
     niah = [r["kl"] - ref[(r["id"], keep)] for r in got if r["task"] == "niah"]
     assert abs(entries[("specprefill", keep, "niah")]["mean"] - sum(niah)) < 1e-12
     assert not any(s == "random" for s, _, _ in entries)  # the reference is not paired with itself
-    bad = subprocess.run([sys.executable, str(REPO / "benches" / "eval_pairs.py"), str(out), "nope"],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    bad = bench("eval_pairs.py", str(out), "nope")
     assert bad.returncode != 0 and "no rows of selector 'nope'" in bad.stderr
