@@ -15,23 +15,22 @@ from pathlib import Path
 
 from spcli.evaluate.journal import read_journal
 from spcli.evaluate.metrics import bootstrap
-from spcli.evaluate.summary import TASK_METRIC
+from spcli.evaluate.summary import TASK_METRIC, paired_differences
 
 
 def paired_deltas(rows: list[dict], reference: str, metric: str = TASK_METRIC, seed: int = 0) -> list[dict]:
     """One entry per (selector, keep, task or "all"): metric(selector) - metric(reference), paired by example id."""
-    ref = {(r["id"], r["keep"]): r[metric] for r in rows if r["selector"] == reference}
+    ref = {(r["id"], r["keep"]): r for r in rows if r["selector"] == reference}
     if not ref:
         raise SystemExit(f"no rows of selector {reference!r} in the journal")
-    diffs: dict[tuple, list[float]] = defaultdict(list)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        key = (r["id"], r["keep"])
-        if r["selector"] == reference or key not in ref or r[metric] is None or ref[key] is None:
-            continue
-        for task in (r["task"], "all"):
-            diffs[(r["selector"], r["keep"], task)].append(r[metric] - ref[key])
-    return [{"selector": s, "keep": k, "task": t, "delta": bootstrap(v, seed=seed).to_dict()}
-            for (s, k, t), v in sorted(diffs.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2] == "all", kv[0][2]))]
+        if r["selector"] != reference and (r["id"], r["keep"]) in ref:
+            for task in (r["task"], "all"):
+                groups[(r["selector"], r["keep"], task)].append(r)
+    return [{"selector": s, "keep": k, "task": t,
+             "delta": bootstrap(paired_differences(g, ref, lambda r: (r["id"], r["keep"]), metric), seed=seed).to_dict()}
+            for (s, k, t), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2] == "all", kv[0][2]))]
 
 
 def main() -> None:

@@ -12,6 +12,16 @@ METRICS = ("contains", "exact", "f1", "first_token", "prefix_match", "kl", "need
 TASK_METRIC = "contains"  # "accuracy" in tables: exact/contains match, fraction found when all answers are required
 
 
+def paired_differences(group: list[dict], reference: dict, key, metric: str = TASK_METRIC) -> list[float | None]:
+    """Per row r of `group`: r[metric] minus that of its reference row `reference[key(r)]` (the same example);
+    None where the reference has no such row or either value is None."""
+    out = []
+    for r in group:
+        ref = reference.get(key(r))
+        out.append(None if ref is None or r[metric] is None or ref[metric] is None else r[metric] - ref[metric])
+    return out
+
+
 def summarize(rows: list[dict], overlaps: list[dict], num_resamples: int = 2000, seed: int = 0) -> list[dict]:
     """One entry per (task, selector, keep), full prefill first; every number an Interval dict with n."""
     full = {r["id"]: r for r in rows if r["selector"] == "full"}
@@ -34,10 +44,8 @@ def summarize(rows: list[dict], overlaps: list[dict], num_resamples: int = 2000,
             "kept_fraction": ci([r["num_kept"] / r["num_prompt_tokens"] for r in group]),
             "prompt_tokens": ci([r["num_prompt_tokens"] for r in group]),
             "metrics": {m: ci([r[m] for r in group]) for m in METRICS},
-            "delta_vs_full": ci([None if r[TASK_METRIC] is None else r[TASK_METRIC] - f[TASK_METRIC]
-                                 for r, f in zip(group, refs)]),
-            "delta_vs_specprefill": ci([None if (r["id"], keep) not in spec or r[TASK_METRIC] is None
-                                        else r[TASK_METRIC] - spec[(r["id"], keep)][TASK_METRIC] for r in group]),
+            "delta_vs_full": ci(paired_differences(group, full, lambda r: r["id"])),
+            "delta_vs_specprefill": ci(paired_differences(group, spec, lambda r: (r["id"], r["keep"]))),
             "speedup": bootstrap_ratio([f["ttft_s"] for f in refs], [r["ttft_s"] for r in group], num_resamples, seed).to_dict(),
             "ttft_s": ci([r["ttft_s"] for r in group]),
             "overlap": {b: ci(v) for (t, a, k, b), v in pairs.items() if (t, a, k) == (task, selector, keep)},
