@@ -16,6 +16,7 @@ from spcli.calibrate.config import CalibrateConfig
 from spcli.calibrate.layers import Setting, recommend, run_flags, settings_of, sweep_prompt, window_importance
 from spcli.config import ScoreConfig, SelectConfig
 from spcli.errors import ConfigError
+from spcli.evaluate.metrics import covered, whole_facts
 from spcli.kernels.score import smooth
 
 
@@ -110,6 +111,28 @@ def test_sweep_finds_the_pool_and_chunk_that_keep_the_whole_fact():
     assert choice.layer == 0 and (choice.pool, choice.chunk) != (1, 1) and choice.meets_target
 
 
+def test_whole_facts_counts_a_fact_only_when_every_token_is_kept():
+    kept = torch.tensor([0, 1, 2, 3, 10, 11])
+    assert whole_facts(kept, [(0, 4), (10, 13)]) == 0.5  # the second misses token 12
+    assert covered(kept, [(0, 4), (10, 13)]) == 6 / 7
+    assert whole_facts(kept, [(1, 3)]) == 1.0 and whole_facts(kept, []) is None
+
+
+def test_sweep_by_whole_facts_scores_a_partly_kept_fact_zero():
+    """The pool/chunk case above measured by facts: token by token keeps 4 of 20 needle tokens, a fraction by
+    tokens, none by facts; the settings that keep all of it score 1 either way."""
+    queries, keys = constructed(best=(0, 1, 2))
+    keys[0][:] = 0.0
+    keys[0][0, 1008:1012, 0] = 1.0
+    settings = settings_of((16,), (1, 21), (1, 32))
+    select = SelectConfig(keep=1.0, keep_last=0, keep_first=0, min_tokens=0)
+    tokens = sweep_prompt(queries, keys, [NEEDLE], settings, (0.05,), select)
+    facts = sweep_prompt(queries, keys, [NEEDLE], settings, (0.05,), select, whole_facts)
+    i = settings.index(Setting(16, 1, 1))
+    assert 0.0 < tokens[0, i, 0] < 0.5 and facts[0, i, 0] == 0.0
+    assert (facts[0, [j for j in range(len(settings)) if j != i], 0] == 1.0).all()
+
+
 def test_recommend_cheapest_then_higher_mean_recall_then_smaller_window_then_best_below_target():
     r = np.zeros((3, 2, 1))
     r[2, :] = 1.0
@@ -187,6 +210,8 @@ def test_config_rejects_bad_values():
         CalibrateConfig(max_cost=0.0)
     with pytest.raises(ConfigError, match="--rows values must be mean or max"):
         CalibrateConfig(rows=("mean", "median"))
+    with pytest.raises(ConfigError, match="--metric must be one of facts, tokens"):
+        CalibrateConfig(metric="answers")
 
 
 def test_cli_writes_results_plot_and_a_profile_that_flags_override(tiny_dir, tmp_path, monkeypatch):
@@ -206,6 +231,7 @@ def test_cli_writes_results_plot_and_a_profile_that_flags_override(tiny_dir, tmp
     assert len(doc["costs"]) == 3 and doc["costs"] == sorted(doc["costs"]) and 0 < doc["costs"][-1] <= 1
     assert doc["paper"]["recall"]["niah"].keys() == {"0.5"}
     choice = doc["choice"]
+    assert doc["config"]["metric"] == "facts" and "recall: mean fraction of fact sentences kept whole" in result.output
     assert (f"choice: layer {choice['layer']}, window {choice['window']}, pool 5, rows {choice['rows']}, "
             f"chunk {choice['chunk']}") in result.output
     assert choice["chunk"] in (16, 4) and choice["max_cost"] == 0.9 and doc["costs"][choice["layer"]] <= 0.9

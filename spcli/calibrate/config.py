@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from spcli.config import DTYPES, ROWS, SelectConfig, _check
+from spcli.evaluate.metrics import FACT_MEASURES
 from spcli.evaluate.tasks import TASKS
 
 
@@ -19,7 +20,8 @@ class CalibrateConfig:
     samples: int = 8  # examples per task and length
     keeps: tuple[float, ...] = (0.1, 0.2)  # the target must hold at every one
     windows: tuple[int, ...] = (16, 32, 64)  # observation windows W (last W prompt queries, causal)
-    target_recall: float = 0.95  # mean fact-token recall each task must reach at each keep
+    target_recall: float = 0.95  # mean of `metric` each task must reach at each keep
+    metric: str = "facts"  # facts: share of fact sentences kept whole (what answers need); tokens: of fact tokens kept
     max_cost: float | None = None  # speed budget: the best recall among layers costing at most this share of a forward
     pools: tuple[int, ...] = ()  # average-pool kernels swept; () = the model's one (spcli.profiles)
     chunks: tuple[int, ...] = ()  # selection chunks swept; () = the model's one
@@ -41,6 +43,7 @@ class CalibrateConfig:
         _check(bool(self.keeps) and all(0.0 < k < 1.0 for k in self.keeps), f"--keep values must be in (0, 1), got {self.keeps}")
         _check(bool(self.windows) and all(w >= 1 for w in self.windows), f"--windows must be >= 1, got {self.windows}")
         _check(len(set(self.windows)) == len(self.windows), f"--windows has repeats: {self.windows}")
+        _check(self.metric in FACT_MEASURES, f"--metric must be one of {', '.join(FACT_MEASURES)}, got {self.metric!r}")
         _check(0.0 < self.target_recall <= 1.0, f"--target-recall must be in (0, 1], got {self.target_recall}")
         _check(all(p >= 1 and p % 2 == 1 for p in self.pools), f"--pool values must be odd numbers >= 1, got {self.pools}")
         _check(all(c >= 1 for c in self.chunks), f"--chunk values must be >= 1, got {self.chunks}")

@@ -8,8 +8,8 @@ for every layer l and setting (window W, pool P, rows R, chunk C), without runni
     p[h, s, :] = softmax(q[l, h, s] . K[l]^T / sqrt(D)) over keys j <= pos(s)   (causal rows), fp32
     importance = R (mean or max) over the last W rows of max_h avgpool_P(p)[h, s, :]   (DESIGN.md steps 2-5)
 
-selection in chunks of C at every keep, and fact-token recall = the fraction of the needle sentences'
-tokens kept. cost(l) = the share of the full forward spent up to the end of layer l (embeddings
+selection in chunks of C at every keep, and recall (`--metric`) = the fraction of the needle sentences kept
+whole (facts, the default: an answer needs the whole fact) or of their tokens kept (tokens). cost(l) = the share of the full forward spent up to the end of layer l (embeddings
 included): what an early-exit speculator scoring at layer l pays. The choice (`recommend`): without a
 cost cap, the cheapest (layer, setting), ties to the higher mean recall, then the smaller window, whose
 mean recall reaches the target on every task at every keep; with `max_cost` C, the (layer, setting) of
@@ -43,7 +43,7 @@ from spcli.engine.speculate import speculate
 from spcli.engine.tokenize import tokenize
 from spcli.errors import SpcliError
 from spcli.evaluate.compare import needle_spans
-from spcli.evaluate.metrics import covered
+from spcli.evaluate.metrics import FACT_MEASURES, covered
 from spcli.evaluate.tasks import GENERATION_ROOM, Example, task_examples
 from spcli.io.outdir import make_out_dir
 from spcli.io.records import Record
@@ -89,9 +89,9 @@ def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int
 
 
 def sweep_prompt(queries: torch.Tensor, keys: list[torch.Tensor], spans: list[tuple[int, int]], settings: list[Setting],
-                 keeps: tuple[float, ...], select: SelectConfig) -> np.ndarray:
-    """Fact-token recall of one prompt for every (layer, setting, keep): [L, len(settings), len(keeps)], NaN
-    without needle spans. queries: [L, H, R, D]; keys: L x [KVH, n, D]."""
+                 keeps: tuple[float, ...], select: SelectConfig, measure=covered) -> np.ndarray:
+    """Recall of one prompt for every (layer, setting, keep): [L, len(settings), len(keeps)], NaN without needle
+    spans; `measure(kept, spans)` is a FACT_MEASURES entry. queries: [L, H, R, D]; keys: L x [KVH, n, D]."""
     recall = np.full((len(keys), len(settings), len(keeps)), np.nan)
     if not spans:
         return recall
@@ -103,7 +103,7 @@ def sweep_prompt(queries: torch.Tensor, keys: list[torch.Tensor], spans: list[tu
             scores = importance[pools.index(s.pool), rows.index(s.rows), windows.index(s.window)]
             chunked = dataclasses.replace(select, chunk=s.chunk)
             for k, keep in enumerate(keeps):
-                recall[layer, i, k] = covered(select_tokens(scores, chunked, keep), spans)
+                recall[layer, i, k] = measure(select_tokens(scores, chunked, keep), spans)
     return recall
 
 
@@ -198,7 +198,8 @@ def _paper_recall(m: ModelStack, ids, spans, cfg: CalibrateConfig) -> tuple[list
     spec = speculate(m.speculator, ids, score, m.speculator_eos_ids, m.device)
     wall = time.perf_counter() - t0
     select = dataclasses.replace(cfg.select, chunk=PAPER_CHUNK)
-    recall = [covered(select_tokens(spec.importance, select, keep), spans) for keep in cfg.keeps]
+    measure = FACT_MEASURES[cfg.metric]
+    recall = [measure(select_tokens(spec.importance, select, keep), spans) for keep in cfg.keeps]
     return [math.nan if r is None else r for r in recall], wall
 
 
@@ -219,7 +220,7 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     own = m.speculator_tokens
     tokenizer, max_positions = (m.tokenizer, m.max_positions) if own is None else (own.tokenizer, own.max_positions)
     examples = build_examples(cfg, tokenizer, max_positions, log)
-    log(f"calibrate: {len(examples)} prompts, speculator {m.speculator_name} ({num_layers} layers), windows "
+    log(f"calibrate: {len(examples)} prompts, speculator {m.speculator_name} ({num_layers} layers), metric {cfg.metric}, windows "
         f"{', '.join(map(str, cfg.windows))}, pools {', '.join(map(str, cfg.pools))}, rows {', '.join(cfg.rows)}, chunks {', '.join(map(str, cfg.chunks))}, keep {', '.join(map(str, cfg.keeps))}, device {m.device}")
     per_task: dict[str, list[np.ndarray]] = {t: [] for t in cfg.tasks}
     paper: dict[str, list[list[float]]] = {t: [] for t in cfg.tasks}
@@ -235,7 +236,7 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
         queries = cap.queries()[:, 0]  # [L, H, R, D]
         keys = [cap.keys[layer][0] for layer in range(num_layers)]  # L x [KVH, n, D]
         t1 = time.perf_counter()
-        recall = sweep_prompt(queries, keys, spans, settings, cfg.keeps, cfg.select)
+        recall = sweep_prompt(queries, keys, spans, settings, cfg.keeps, cfg.select, FACT_MEASURES[cfg.metric])
         sweep_s = time.perf_counter() - t1
         del cap, queries, keys
         per_task[ex.task].append(recall)

@@ -18,6 +18,12 @@ MARKERS = ("o", "s", "^", "v", "D", "x")
 
 
 SETTING = ("window", "pool", "rows", "chunk")
+METRIC_TEXT = {"facts": "mean fraction of fact sentences kept whole", "tokens": "mean fraction of fact tokens kept"}
+
+
+def metric_of(results: dict) -> str:
+    """The recall measure of a results.json (written before --metric: tokens)."""
+    return results["config"].get("metric", "tokens")
 TABLE_ALL_UP_TO = 3  # settings per layer printed in full; beyond, each layer's best (results.json has all)
 
 
@@ -108,7 +114,7 @@ def text_table(results: dict) -> str:
         verdict = f"{budget}; " + (f"meets the target {target} on every task at every keep" if not short else
                                    f"BELOW the target {target} at " + ", ".join(short))
     some = len(results["settings"]) > TABLE_ALL_UP_TO
-    lines += ["", "recall: mean fraction of fact tokens kept per task and keep; worst: the lowest of them; cost: share of "
+    lines += ["", f"recall: {METRIC_TEXT[metric_of(results)]} per task and keep; worst: the lowest of them; cost: share of "
               "the full speculator forward up to that layer" + ("; all/la8: the paper's recipe (every layer, look-ahead 8, "
               "pool 13, chunk 32, cost relative to one full forward)" if paper else "")
               + ("; per layer its best setting and the choice (every setting in results.json)" if some else ""),
@@ -149,7 +155,7 @@ def plot(results: dict, path: Path) -> Path:
                    label=f"choice: layer {choice['layer']}, W{choice['window']} pool {choice['pool']} "
                          f"rows {choice.get('rows', 'mean')} chunk {choice['chunk']}")
         ax.set_xlabel("speculator layer (scoring alone)")
-        ax.set_ylabel("fact-token recall (worst task)")
+        ax.set_ylabel({"facts": "facts kept whole", "tokens": "fact-token recall"}[metric_of(results)] + " (worst task)")
         ax.set_ylim(-0.05, 1.05)
         ax.set_title(f"keep {keep}")
         ax.grid(alpha=0.3)

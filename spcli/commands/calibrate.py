@@ -22,7 +22,8 @@ def register(app: typer.Typer) -> None:
         samples: Annotated[Optional[int], typer.Option(help="Prompts per task and length; with --keep-for: records drawn from INPUT (seeded, uniform). Default: 8; with --keep-for 32.", show_default=False)] = None,
         keep: Annotated[Optional[str], typer.Option(help="Keep rates, comma-separated; the target must hold at each. With --keep-for: the rates swept (auto too). Default: 0.1,0.2; with --keep-for 0.05,0.1,0.2,0.3,0.5.", show_default=False)] = None,
         windows: Annotated[str, typer.Option(help="Observation windows W (the last W prompt queries, causal), comma-separated.")] = "16,32,64",
-        target_recall: Annotated[float, typer.Option(help="Mean fact-token recall every task must reach at every keep.")] = 0.95,
+        target_recall: Annotated[float, typer.Option(help="Mean recall (--metric) every task must reach at every keep.")] = 0.95,
+        metric: Annotated[str, typer.Option(help="Recall of a prompt: facts, the share of its fact sentences kept whole (an answer needs the whole fact; on the Qwen eval it tracks accuracy where token recall does not), or tokens, the share of fact tokens kept.")] = "facts",
         max_cost: Annotated[Optional[float], typer.Option(help="Speed budget, as a share of one full speculator forward: the choice is the layer and setting with the best worst-case recall among those costing at most this (each task and keep is checked against --target-recall). Default: none, the cheapest that meets --target-recall.", show_default=False)] = None,
         pool: Annotated[Optional[str], typer.Option(help="Average-pool kernels over token scores (odd), comma-separated: each is swept. --keep-for: one, as `spcli run --pool`. Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
         chunk: Annotated[Optional[str], typer.Option(help="Selection chunks in tokens, comma-separated: each is swept. --keep-for: one, as `spcli run --chunk`. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         prompt_field: Annotated[str, typer.Option(help="--keep-for: input field holding prompt text.")] = "prompt",
         messages_field: Annotated[str, typer.Option(help="--keep-for: input field holding chat messages.")] = "messages",
     ) -> None:
-        """Sweep every speculator layer, window, pool, row aggregation and chunk for fact-token recall and cost; recommend the cheapest that meets --target-recall, or with --max-cost the best that fits the speed budget; print its `spcli run` flags.
+        """Sweep every speculator layer, window, pool, row aggregation and chunk for fact recall and cost; recommend the cheapest that meets --target-recall, or with --max-cost the best that fits the speed budget; print its `spcli run` flags.
 
         One full speculator pass per prompt scores every (layer, window, pool, rows, chunk, keep); cost(l) is the measured share of the full forward spent up to layer l, what an early-exit speculator (--score-layers l --lookahead 0) pays.
 
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
         cfg = CalibrateConfig(
             out=out, model=model, speculator=speculator, tasks=split_list(tasks, str, "--tasks"),
             lengths=split_list(lengths, int, "--lengths"), samples=samples or 8, keeps=split_list(keep or "0.1,0.2", float, "--keep"),
-            windows=split_list(windows, int, "--windows"), target_recall=target_recall, max_cost=max_cost, paper=not no_paper,
+            windows=split_list(windows, int, "--windows"), target_recall=target_recall, metric=metric, max_cost=max_cost, paper=not no_paper,
             pools=split_list(pool, int, "--pool") if pool else (), chunks=split_list(chunk, int, "--chunk") if chunk else (),
             rows=split_list(rows, str, "--rows") if rows else (),
             write_profile=write_profile, dtype=dtype, device=device, seed=seed,

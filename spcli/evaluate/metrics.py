@@ -51,6 +51,18 @@ def covered(kept: torch.Tensor, spans: list[tuple[int, int]]) -> float | None:
     return sum(i in kept_set for i in wanted) / len(wanted)
 
 
+def whole_facts(kept: torch.Tensor, spans: list[tuple[int, int]]) -> float | None:
+    """Fraction of the spans ([start, end) pairs, one per fact sentence) kept whole, every token; None without spans.
+    An answer needs its fact entire: a number missing one token is a wrong number (README, "Choosing the layer")."""
+    if not spans:
+        return None
+    kept_set = set(kept.tolist())
+    return sum(all(i in kept_set for i in range(s, e)) for s, e in spans) / len(spans)
+
+
+FACT_MEASURES = {"facts": whole_facts, "tokens": covered}  # `spcli calibrate --metric`
+
+
 def normalize(text: str) -> str:
     text = text.lower().translate(_PUNCT)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
