@@ -2,9 +2,12 @@
 for every selector at every keep the reference also ran, accuracy minus the reference's on the same examples,
 per task and over all tasks, mean [95% bootstrap CI]. No model is loaded.
 
-    .venv/bin/python benches/eval_pairs.py OUT REFERENCE [--metric contains]
+    .venv/bin/python benches/eval_pairs.py OUT REFERENCE [--metric contains] [--with OTHER[=LABEL] ...]
 
 e.g. `benches/eval_pairs.py docs/results/qwen-eval specprefill@smollm2-135m`; writes OUT/pairs-REFERENCE.json.
+`--with OTHER=LABEL` adds the selectors of another eval's journal over the same examples (the same task, length,
+seed and model: ids and prompt lengths must agree) as LABEL:SELECTOR, so that a later eval pairs with an earlier one;
+then the file is OUT/pairs-REFERENCE+LABEL.json.
 """
 from __future__ import annotations
 
@@ -33,20 +36,41 @@ def paired_deltas(rows: list[dict], reference: str, metric: str = TASK_METRIC, s
             for (s, k, t), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2] == "all", kv[0][2]))]
 
 
+def merge_journal(rows: list[dict], other: list[dict], label: str) -> list[dict]:
+    """rows plus other's non-full rows renamed LABEL:SELECTOR, on the examples both hold; an id whose prompt has
+    another length in `other` is another example (another model or data set) and is refused."""
+    lengths = {r["id"]: r["num_prompt_tokens"] for r in rows}
+    for r in other:
+        if r["id"] in lengths and lengths[r["id"]] != r["num_prompt_tokens"]:
+            raise SystemExit(f"{label}: example {r['id']} has {r['num_prompt_tokens']} prompt tokens there and "
+                             f"{lengths[r['id']]} here: not the same examples (same tasks, lengths, seed and model?)")
+    return rows + [{**r, "selector": f"{label}:{r['selector']}"} for r in other
+                   if r["selector"] != "full" and r["id"] in lengths]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("reference")
     ap.add_argument("--metric", default=TASK_METRIC)
+    ap.add_argument("--with", dest="others", action="append", default=[], metavar="OTHER[=LABEL]",
+                    help="another eval's journal over the same examples; its selectors become LABEL:SELECTOR")
     args = ap.parse_args()
     _, done = read_journal(args.out)
-    entries = paired_deltas([r for e in done.values() for r in e["rows"]], args.reference, args.metric)
+    rows, labels = [r for e in done.values() for r in e["rows"]], []
+    for other in args.others:
+        path, _, label = other.partition("=")
+        label = label or Path(path).name
+        _, more = read_journal(Path(path))
+        rows = merge_journal(rows, [r for e in more.values() for r in e["rows"]], label)
+        labels += [label] * (label not in labels)
+    entries = paired_deltas(rows, args.reference, args.metric)
     print(f"{len(done)} examples; {args.metric} minus {args.reference}'s on the same examples, mean [95% CI]")
     print(f"{'selector':<26} {'keep':>4}  {'task':<12} {'n':>3}  delta")
     for e in entries:
         d = e["delta"]
         print(f"{e['selector']:<26} {e['keep']:>4}  {e['task']:<12} {d['n']:>3}  {d['mean']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}]")
-    (args.out / f"pairs-{args.reference}.json").write_text(json.dumps(entries, indent=1, allow_nan=True))
+    (args.out / f"pairs-{'+'.join([args.reference, *labels])}.json").write_text(json.dumps(entries, indent=1, allow_nan=True))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -69,3 +70,18 @@ def test_eval_pairs_bench_gives_the_paired_differences_of_the_journal_rows(tmp_p
     assert not any(s == "random" for s, _, _ in entries)  # the reference is not paired with itself
     bad = bench("eval_pairs.py", str(out), "nope")
     assert bad.returncode != 0 and "no rows of selector 'nope'" in bad.stderr
+
+    # a later eval of the same examples pairs with this one: its rows come in as LABEL:SELECTOR
+    later = tmp_path / "later"
+    run_eval(dataclasses.replace(cfg, out=str(later), keeps=(0.3,), selectors=("random",)), log=lambda _: None)
+    proc = bench("eval_pairs.py", str(out), "later:random", "--metric", "kl", "--with", f"{later}=later")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    merged = {(e["selector"], e["keep"], e["task"]): e["delta"] for e in
+              json.loads((out / "pairs-later:random+later.json").read_text())}
+    # seeded: the same picks, so the same KL up to float noise between two runs
+    assert abs(merged[("random", keep, "all")]["mean"]) < 1e-6 and merged[("random", keep, "all")]["n"] == 2
+    assert abs(merged[("specprefill", keep, "all")]["mean"] - entries[("specprefill", keep, "all")]["mean"]) < 1e-6
+    journal = later / "examples.jsonl"
+    journal.write_text(journal.read_text().replace('"num_prompt_tokens": ', '"num_prompt_tokens": 1', 1))
+    other = bench("eval_pairs.py", str(out), "random", "--with", f"{later}=later")
+    assert other.returncode != 0 and "not the same examples" in other.stderr

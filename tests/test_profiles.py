@@ -82,7 +82,7 @@ def test_the_qwen_preset_scores_each_measured_speculator_with_its_calibrated_lay
     each with early exit; another speculator gets the fallback."""
     defaults, source = profiles.score_defaults("qwen2.5-coder-1.5b", None, "qwen2.5-coder-0.5b")
     assert source == "preset qwen2.5-coder-1.5b"
-    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "7", "pool": 13, "rows": "mean", "chunk": 32}
+    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "7", "pool": 31, "rows": "mean", "chunk": 8}
     defaults, source = profiles.score_defaults("qwen2.5-coder-1.5b", None, "smollm2-135m")
     assert source == "preset qwen2.5-coder-1.5b"
     assert defaults == {"window": 16, "lookahead": 0, "score_layers": "18", "pool": 31, "rows": "max", "chunk": 8}
