@@ -16,7 +16,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from spcli.evaluate.journal import read_journal
+from spcli.evaluate.journal import journal_rows, read_journal
 from spcli.evaluate.metrics import bootstrap
 from spcli.evaluate.summary import TASK_METRIC, paired_differences
 
@@ -57,13 +57,14 @@ def main() -> None:
                     help="another eval's journal over the same examples; its selectors become LABEL:SELECTOR")
     args = ap.parse_args()
     _, done = read_journal(args.out)
-    rows, labels = [r for e in done.values() for r in e["rows"]], []
+    rows, labels = journal_rows(done), []
     for other in args.others:
         path, _, label = other.partition("=")
         label = label or Path(path).name
         _, more = read_journal(Path(path))
-        rows = merge_journal(rows, [r for e in more.values() for r in e["rows"]], label)
-        labels += [label] * (label not in labels)
+        rows = merge_journal(rows, journal_rows(more), label)
+        if label not in labels:
+            labels.append(label)
     entries = paired_deltas(rows, args.reference, args.metric)
     print(f"{len(done)} examples; {args.metric} minus {args.reference}'s on the same examples, mean [95% CI]")
     print(f"{'selector':<26} {'keep':>4}  {'task':<12} {'n':>3}  delta")

@@ -106,6 +106,11 @@ def read_entries(path: Path, data: bytes) -> dict[str, dict]:
     return done
 
 
+def journal_rows(done: dict[str, dict]) -> list[dict]:
+    """Every row of the finished examples `read_journal` returns, example by example."""
+    return [r for e in done.values() for r in e["rows"]]
+
+
 def read_journal(out: Path) -> tuple[dict, dict[str, dict]]:
     """An eval directory's state and finished examples, read only (an eval may still be writing to it)."""
     state_path, path = out / STATE, out / EXAMPLES

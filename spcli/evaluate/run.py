@@ -15,7 +15,7 @@ from spcli.evaluate import report
 from spcli.evaluate.compare import evaluate_example, load_models, other_speculators
 from spcli.evaluate.config import EvalConfig, is_auto
 from spcli.evaluate.inputs import read_examples
-from spcli.evaluate.journal import REQUESTED, Journal, check_requested, fingerprint, read_journal
+from spcli.evaluate.journal import REQUESTED, Journal, check_requested, fingerprint, journal_rows, read_journal
 from spcli.evaluate.matched import compare_matched, matched_keeps, with_matched
 from spcli.evaluate.summary import summarize
 from spcli.evaluate.tasks import Example, task_examples
@@ -61,7 +61,7 @@ def journal_summary(out, bootstrap: int = 2000) -> dict:
     """What an eval directory's journal holds so far, summarised as `run_eval` does at the end, without loading
     a model (an eval may still be running there)."""
     state, done = read_journal(out)
-    rows = [r for e in done.values() for r in e["rows"]]
+    rows = journal_rows(done)
     overlaps = [o for e in done.values() for o in e["overlaps"]]
     summary, compared_matched = summarize_examples(rows, overlaps, state.get("matched") or {}, bootstrap,
                                                    state.get("seed", 0))
