@@ -19,6 +19,9 @@ import pytest
 CLUSTER_SH = Path(__file__).with_name("cluster.sh")
 EXIT_NO_PACKAGES = 100  # cluster.sh: the packages are missing and cannot be installed
 UP_TIMEOUT_S = 600  # a first install downloads ~100 MB of packages
+START_TIMEOUT_S = 90  # a job's start: ~1 s on an idle node, more on CI's 2 loaded cores
+DRAIN_TIMEOUT_S = 60  # after a test: its cancelled jobs leave the queue (KillWait=5, then KILL)
+STATE_DIR = Path(os.environ.get("SLURM_CI_DIR", "/tmp/spcli-slurm"))  # cluster.sh's default
 # sacct states after which a job does not run again.
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                 "BOOT_FAIL", "DEADLINE"}
@@ -64,6 +67,24 @@ def queued(job_id: str) -> list[str]:
     return proc.stdout.split("\n")[:-1]
 
 
+def cluster_report() -> str:
+    """The queue with each job's reason, the node's state and slurmctld's last lines: for a failure message."""
+    parts = []
+    for args in (("squeue", "--noheader", "--format=%i %P %T %r start=%S elapsed=%M"),
+                 ("sinfo", "--noheader", "--Node", "--format=%N %T %C reason=%E")):
+        try:
+            proc = _run(*args)
+            parts.append(f"$ {' '.join(args)}\n{proc.stdout}{proc.stderr}".rstrip())
+        except (OSError, subprocess.TimeoutExpired) as err:
+            parts.append(f"$ {' '.join(args)}: {err!r}")
+    try:
+        lines = (STATE_DIR / "log" / "slurmctld.log").read_text(errors="replace").splitlines()
+        parts.append("slurmctld.log, last 25 lines:\n" + "\n".join(lines[-25:]))
+    except OSError as err:
+        parts.append(f"slurmctld.log: {err}")
+    return "\n".join(parts)
+
+
 def wait_for_job(job_id: str, timeout: float, tasks: int | None = None) -> list[dict[str, str]]:
     """Poll until every task of the job has left the queue and sacct holds its final state.
 
@@ -76,7 +97,8 @@ def wait_for_job(job_id: str, timeout: float, tasks: int | None = None) -> list[
     while queued(job_id):
         if time.monotonic() > deadline:
             detail = _run("scontrol", "show", "job", job_id).stdout
-            raise AssertionError(f"job {job_id} still queued after {timeout:.0f} s: {queued(job_id)}\n{detail}")
+            raise AssertionError(f"job {job_id} still queued after {timeout:.0f} s: {queued(job_id)}\n{detail}\n"
+                                 f"{cluster_report()}")
         time.sleep(0.5)
     while True:  # accounting reaches slurmdbd a moment after squeue lets go of the job, and a final
         rows = sacct_rows(job_id)  # state can be there a moment before its End time (then "Unknown")
@@ -84,15 +106,30 @@ def wait_for_job(job_id: str, timeout: float, tasks: int | None = None) -> list[
                 expected is None or {r["job"] for r in rows} == expected):
             return rows
         if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id}: sacct has no final state after {timeout:.0f} s: {rows}")
+            raise AssertionError(f"job {job_id}: sacct has no final state after {timeout:.0f} s: {rows}\n"
+                                 f"{cluster_report()}")
         time.sleep(0.5)
 
 
-def wait_for_path(path: Path, timeout: float) -> None:
+def wait_for_path(path: Path, timeout: float = START_TIMEOUT_S) -> None:
+    """Until a job has written `path` (by default: until a job has started, however loaded the machine)."""
     deadline = time.monotonic() + timeout
     while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear in {timeout:.0f} s"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear in {timeout:.0f} s\n{cluster_report()}")
         time.sleep(0.2)
+
+
+def cancel_every_job() -> None:
+    """scancel whatever is queued and wait until the queue is empty (or fail, saying what is left)."""
+    ids = _run("squeue", "--noheader", "--format=%A").stdout.split()
+    if ids:
+        _run("scancel", *ids)
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while _run("squeue", "--noheader", "--format=%A").stdout.split():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"jobs still queued {DRAIN_TIMEOUT_S} s after scancel\n{cluster_report()}")
+        time.sleep(0.5)
 
 
 @dataclass(frozen=True)
@@ -110,6 +147,7 @@ class SlurmCluster:
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip().split(";")[0]
 
+    start_timeout = START_TIMEOUT_S
     wait_for_job = staticmethod(wait_for_job)
     wait_for_path = staticmethod(wait_for_path)
     sacct_rows = staticmethod(sacct_rows)
@@ -121,7 +159,7 @@ def slurm_cluster(request: pytest.FixtureRequest):
         reason = "the local Slurm cluster needs root (tests/slurm/cluster.sh starts munged and slurmd)"
         _say(request, f"skipping: {reason}")
         pytest.skip(reason)
-    state_dir = Path(os.environ.get("SLURM_CI_DIR", "/tmp/spcli-slurm"))  # cluster.sh's default
+    state_dir = STATE_DIR
     started = time.monotonic()
     try:
         proc = _run(str(CLUSTER_SH), "up", timeout=UP_TIMEOUT_S)
@@ -148,3 +186,12 @@ def slurm_cluster(request: pytest.FixtureRequest):
             os.environ["SLURM_CONF"] = previous
         if os.environ.get("SLURM_CI_KEEP") != "1":
             _run(str(CLUSTER_SH), "down", timeout=120)
+
+
+@pytest.fixture(autouse=True)
+def empty_queue_after_each_test(request: pytest.FixtureRequest):
+    """A test that fails mid-wait leaves its jobs queued: they would start later and hold the node
+    (several tests ask for --exclusive), failing the next tests for a reason that is not theirs."""
+    yield
+    if "slurm_cluster" in request.fixturenames:
+        cancel_every_job()

@@ -69,7 +69,7 @@ def test_array_runs_every_task(slurm_cluster, tmp_path):
     command = f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)} > {tmp_path}/task-$SLURM_ARRAY_TASK_ID"
     job = slurm_cluster.sbatch("--array=0-2", f"--chdir={REPO}", f"--output={tmp_path}/%a.log", "--wrap", command)
 
-    rows = slurm_cluster.wait_for_job(job, timeout=30, tasks=3)
+    rows = slurm_cluster.wait_for_job(job, timeout=slurm_cluster.start_timeout, tasks=3)
 
     assert sorted((r["job"], r["state"]) for r in rows) == [(f"{job}_{i}", "COMPLETED") for i in range(3)]
     owned = []
@@ -82,7 +82,7 @@ def test_array_runs_every_task(slurm_cluster, tmp_path):
 
 def test_usr1_exit_75_requeues_once(slurm_cluster, tmp_path, standin):
     job, out = submit_standin(tmp_path, standin)
-    slurm_cluster.wait_for_path(out / "ready-0", timeout=30)
+    slurm_cluster.wait_for_path(out / "ready-0")
 
     slurm_cluster.run("scancel", "--batch", "--signal=USR1", f"{job}_0")
     rows = slurm_cluster.wait_for_job(job, timeout=45)
@@ -102,7 +102,7 @@ def test_usr1_exit_75_requeues_once(slurm_cluster, tmp_path, standin):
 
 def test_requeue_limit(slurm_cluster, tmp_path, standin):
     job, out = submit_standin(tmp_path, standin, max_requeues=0)
-    slurm_cluster.wait_for_path(out / "ready-0", timeout=30)
+    slurm_cluster.wait_for_path(out / "ready-0")
 
     slurm_cluster.run("scancel", "--batch", "--signal=USR1", f"{job}_0")
     rows = slurm_cluster.wait_for_job(job, timeout=30)
@@ -114,7 +114,7 @@ def test_requeue_limit(slurm_cluster, tmp_path, standin):
 def test_scancel_is_not_undone_by_requeue(slurm_cluster, tmp_path, standin):
     # scancel sends TERM; spcli commits and exits 75 as for USR1, but the job is no longer RUNNING.
     job, out = submit_standin(tmp_path, standin)
-    slurm_cluster.wait_for_path(out / "ready-0", timeout=30)
+    slurm_cluster.wait_for_path(out / "ready-0")
 
     slurm_cluster.run("scancel", job)
     rows = slurm_cluster.wait_for_job(job, timeout=30)
@@ -126,7 +126,7 @@ def test_scancel_is_not_undone_by_requeue(slurm_cluster, tmp_path, standin):
 
 def test_high_partition_preempts_debug(slurm_cluster, tmp_path, standin):
     low, out = submit_standin(tmp_path, standin, partition="debug", sbatch_args=("--exclusive",))
-    slurm_cluster.wait_for_path(out / "ready-0", timeout=30)
+    slurm_cluster.wait_for_path(out / "ready-0")
 
     high = slurm_cluster.sbatch("--partition=high", "--exclusive", "--output=/dev/null", "--wrap", "sleep 1")
     high_rows = slurm_cluster.wait_for_job(high, timeout=45)
@@ -148,7 +148,7 @@ def test_preempted_task_that_ignores_usr1_is_requeued_by_slurm(slurm_cluster, tm
     # The task does not stop on USR1: at the end of GraceTime Slurm sends TERM, the job is no longer
     # RUNNING, so our script does not requeue (action "stopped"); PreemptMode=REQUEUE does, once.
     low, out = submit_standin(tmp_path, standin, ignore_usr1=True, partition="debug", sbatch_args=("--exclusive",))
-    slurm_cluster.wait_for_path(out / "ready-0", timeout=30)
+    slurm_cluster.wait_for_path(out / "ready-0")
 
     high = slurm_cluster.sbatch("--partition=high", "--exclusive", "--output=/dev/null", "--wrap", "sleep 1")
     high_rows = slurm_cluster.wait_for_job(high, timeout=60)

@@ -191,7 +191,7 @@ def test_preemption_during_start_up_loses_nothing(slurm_cluster, tmp_path, tiny_
     out = tmp_path / "out"
     job = submit(tmp_path / "data", out, "--tasks", "1", "--partition", "debug",
                  run_args=["--model", str(tiny_dir), *FAST, *SLOW])
-    slurm_cluster.wait_for_path(out / "slurm" / "logs" / f"{job}_0.out", timeout=30)  # the batch script runs
+    slurm_cluster.wait_for_path(out / "slurm" / "logs" / f"{job}_0.out")  # the batch script runs
 
     high = slurm_cluster.sbatch("--partition=high", "--exclusive", "--output=/dev/null", "--wrap", "sleep 1")
     slurm_cluster.wait_for_job(high, timeout=60)
