@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from spcli.engine.request import Generation, PrunedRequest, TokenLogprob
-from spcli.engine.vllm_worker import KEPT_KEY, LENGTH_KEY, WORKER_CLS  # refuses vLLM != 0.32.x
+from spcli.engine.vllm_keys import KEPT_KEY, LENGTH_KEY, WORKER_CLS, check_vllm_version
 from spcli.errors import ConfigError, RecordError
 
 # Engine arguments VllmRunner owns or cannot honour.
@@ -79,8 +79,10 @@ class VllmRunner:
     """A vLLM engine whose requests run kept tokens at their original positions."""
 
     def __init__(self, config: VllmRunnerConfig, tokenizer, eos_ids: set[int]):
+        import vllm
         from vllm import LLM
 
+        check_vllm_version(vllm.__version__)  # the worker (imported in vLLM's processes only) fits 0.32.x
         _require_v1_model_runner()
         self.config = config
         self.tokenizer = tokenizer

