@@ -116,27 +116,13 @@ def run(
 
     Resumes where the last run in --out stopped. SIGTERM, SIGINT and SIGUSR1 commit what is finished and exit 75 (run again to resume); bad records become rows with `error` set.
     """
+    flags = {k: v for k, v in locals().items() if k not in ("inputs", "out")}  # every other parameter is a RunConfig flag
+    from spcli import api
     from spcli.errors import EXIT_INTERRUPTED, Interrupted
     from spcli.progress import Progress
-    from spcli.run import run as run_job
 
-    cfg = RunConfig(
-        inputs=tuple(inputs), out=out, model=model, speculator=speculator, engine=engine, dtype=dtype, device=device,
-        batch_size=batch_size, output_format=output_format, save_scores=save_scores, truncate=truncate,
-        max_record_bytes=max_record_bytes, commit_interval=commit_interval, speculator_chunk=speculator_chunk,
-        fresh=fresh, force=force, retry_failed=retry_failed,
-        select=SelectConfig(keep=keep, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
-                            keep_scale=keep_scale, keep_min=keep_min, keep_max=keep_max),
-        score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows, impl=score_impl),
-        generate=GenerateConfig(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=logprobs),
-        fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),
-        vllm=VllmConfig(tp=tp, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
-                        max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
-                        max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype,
-                        speculator_placement=speculator_placement),
-    )
     try:
-        s = run_job(cfg, Progress(quiet=STATE.get("quiet", False)))
+        s = api.run(inputs, out, Progress(quiet=STATE.get("quiet", False)), **flags)  # the Python API's own entry
     except Interrupted as e:
         if STATE["debug"]:
             raise
