@@ -141,14 +141,17 @@ def done_line(s) -> str:
     if s.nothing_to_do:
         return f"nothing to do: {s.rows} rows already done{f' ({failed})' if s.failed else ''}; outputs in {s.out}"
     kept = f"prompt tokens {s.prompt_tokens}, kept {s.kept_tokens} ({keep_pct(s.kept_tokens, s.prompt_tokens)})"
+    wall = max(s.wall_this_run_s, 1e-9)
+    speed = (f"output tokens {s.output_tokens_this_run}, {s.wall_this_run_s:.1f} s "
+             f"({s.prompt_tokens_this_run / wall:.0f} prompt tok/s, {s.output_tokens_this_run / wall:.1f} output tok/s)")
     if s.rows_this_run == s.rows and not s.retried:
-        return f"done: {s.rows} rows ({failed}), {kept}, {s.wall_this_run_s:.1f} s; outputs in {s.out}"
+        return f"done: {s.rows} rows ({failed}), {kept}, {speed}; outputs in {s.out}"
     retried = (f", {s.retried} failed row{'' if s.retried == 1 else 's'} redone ({s.retried_ok} now without error)"
                if s.retried else "")
     this_kept = (f"prompt tokens {s.prompt_tokens_this_run}, kept {s.kept_tokens_this_run} "
                  f"({keep_pct(s.kept_tokens_this_run, s.prompt_tokens_this_run)})")
     return (f"done: {s.rows} rows in total ({failed}), {kept}; this run: {s.rows_this_run} new rows{retried}, "
-            f"{this_kept}, {s.wall_this_run_s:.1f} s; outputs in {s.out}")
+            f"{this_kept}, {speed}; outputs in {s.out}")
 
 
 @app.command()

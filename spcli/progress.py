@@ -140,7 +140,7 @@ class Progress:
         self.total = total
         self.interval_s = interval_s
         self.quiet = quiet
-        self.rows = self.failed = self.prompt_tokens = self.kept_tokens = 0
+        self.rows = self.failed = self.prompt_tokens = self.kept_tokens = self.output_tokens = 0
         self.done_before = 0  # rows committed by an earlier (resumed) run
         self.failures = FailedRows()
         self._bar = None
@@ -196,6 +196,7 @@ class Progress:
         self.failed += sum(r.error is not None for r in rows)
         self.prompt_tokens += sum(r.num_prompt_tokens for r in rows if r.error is None)
         self.kept_tokens += sum(r.num_kept_tokens for r in rows if r.error is None)
+        self.output_tokens += sum(r.num_output_tokens for r in rows if r.error is None)
         msg, fields = batch_line(rows)
         log.info(msg, extra={"fields": fields})
         self.failures.add(rows)

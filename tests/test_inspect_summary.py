@@ -7,6 +7,7 @@ writes them), so every number in it is known; the other inspect tests import it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -97,18 +98,21 @@ def test_summary_numbers(known_run):
 
 
 def test_summary_labels_keep_rates_and_weighs_the_speculator_against_what_it_saved(known_run):
-    res = CliRunner().invoke(app, ["inspect", str(known_run), "--width", "200"])
+    res = CliRunner().invoke(app, ["inspect", str(known_run), "--width", "300"])
     assert res.exit_code == 0, res.output
     lines = [line.rstrip() for line in res.output.splitlines()]
     # 4 ok rows: speculator 0.5 s each; base prefill 0.25 s per batch of 2 rows -> 0.5 s for 140 kept tokens
     assert ("tokens     450 prompt -> 140 kept: prefill work saved 310 tokens (68.9%), at the cost of speculator 2.0 s "
             "(16.0% of wall time)") in lines
-    assert ("           the speculator cost more than it saved: 2.0 s of speculation vs about 1.1 s of base prefill saved "
-            "(extrapolated: base s per kept token x dropped tokens)") in lines, res.output
+    assert ("           base prefill 0.5 s against about 1.6 s for a full prefill (estimated: this run's base prefill x "
+            "prompt / kept tokens): about 1.1 s saved, for 2.0 s of speculation; the speculator cost more than it "
+            "saved") in lines, res.output
+    assert ("           an estimate, linear in tokens: fixed costs per batch make a full prefill cheaper, attention's "
+            "quadratic cost dearer; --baseline DIR (a keep 1.0 run of these rows) measures it") in lines
     assert "keep rate  by tokens 31.1% (kept / prompt tokens over all rows)" in lines
     assert "           by rows: mean 40.0%, min 10.0%, p10 13.0%, p50 25.0%, p90 79.0%, max 100.0%" in lines
-    assert ("time       wall 12.5 s, 36 prompt tokens/s; speculator 2.0 s, base prefill 0.5 s "
-            "(summed over batches, each once)") in lines
+    assert ("time       wall 12.5 s, 36 prompt tokens/s, 1.0 output tokens/s (12 generated); speculator 2.0 s, "
+            "base prefill 0.5 s (summed over batches, each once)") in lines
     assert any(line.startswith("config     model ") and ", speculator self:2, engine hf" in line for line in lines)
 
 
@@ -117,8 +121,8 @@ def test_prefill_time_of_an_older_manifest_is_labelled_an_estimate(known_run):
     del doc["shards"]["0"]["prefill_s"]  # written before the manifest counted it per batch
     (known_run / "manifest.json").write_text(json.dumps(doc))
     res = CliRunner().invoke(app, ["inspect", str(known_run), "--width", "200"])
-    assert ("time       wall 12.5 s, 36 prompt tokens/s; speculator 2.0 s, base prefill 0.5 s "
-            "(estimated from the rows: each row holds its batch's time)") in [l.rstrip() for l in res.output.splitlines()]
+    assert ("time       wall 12.5 s, 36 prompt tokens/s, 1.0 output tokens/s (12 generated); speculator 2.0 s, "
+            "base prefill 0.5 s (estimated from the rows: each row holds its batch's time)") in [l.rstrip() for l in res.output.splitlines()]
 
 
 def test_speculator_is_shown_by_its_resolved_name(tmp_path, tiny_dir):
@@ -186,3 +190,68 @@ def test_on_a_real_run(tmp_path, tiny_dir, write_jsonl):
     for marker in "⟦⟧⟮⟯⟪⟫":
         stripped = stripped.replace(marker, "")
     assert "word" in stripped and "warning" not in res.output
+
+
+def _issue_run(out: Path, tiny_dir: Path, keep: float, prefill_s: float) -> Path:
+    """The issue's 8 rows of ~850 tokens in one batch: keep 0.1 kept 86 per row; keep 1.0 kept all."""
+    records = [{"id": f"t{i}", "prompt": "x"} for i in range(8)]
+    kept = 850 if keep == 1.0 else 86
+    results = [dict(output="o", finish_reason="length", num_prompt_tokens=850, num_kept_tokens=kept, num_output_tokens=20,
+                    kept_indices=list(range(kept)), ttft_s=1.0, speculate_s=0.0 if keep == 1.0 else 26.7 / 8,
+                    prefill_s=prefill_s, decode_s=1.0) for _ in records]
+    return write_run(out, tiny_dir, records, results, SelectConfig(keep=keep), rows_per_part=8)
+
+
+def test_time_saved_never_exceeds_the_measured_full_prefill(tmp_path, tiny_dir):
+    """The issue's figures: 12.3 s of base prefill at keep 0.1 extrapolated linearly to 123 s of full prefill
+    ("110.7 s saved"), while keep 1.0 took 54.6 s. Without a baseline the figure says it is an estimate; with
+    the keep-1.0 run it is that run's measured time, and what is saved is the difference."""
+    from spcli.inspect.outputs import load_run
+    from spcli.inspect.summary import summarize
+
+    pruned = _issue_run(tmp_path / "keep01", tiny_dir, 0.1, 12.3)
+    full = _issue_run(tmp_path / "keep10", tiny_dir, 1.0, 54.6)
+    estimated = summarize(load_run(pruned))
+    assert not estimated.full_prefill.is_measured and estimated.saved_prefill_s <= estimated.full_prefill.seconds
+    s = summarize(load_run(pruned), load_run(full))
+    assert s.full_prefill.is_measured and s.full_prefill.seconds == pytest.approx(54.6)
+    assert s.saved_prefill_s == pytest.approx(54.6 - 12.3) and s.saved_prefill_s <= s.full_prefill.seconds
+    res = CliRunner().invoke(app, ["inspect", str(pruned), "--baseline", str(full), "--width", "300"])
+    assert res.exit_code == 0, res.output
+    assert (f"base prefill 12.3 s against 54.6 s for a full prefill (measured: {full} at keep 1.0, the same rows): "
+            "42.3 s saved, for 26.7 s of speculation") in res.output
+    res = CliRunner().invoke(app, ["inspect", str(pruned), "--width", "300"])
+    assert "about 121.6 s for a full prefill (estimated: " in res.output and "an estimate, linear in tokens" in res.output
+    res = CliRunner().invoke(app, ["inspect", str(pruned), "--baseline", str(pruned)])
+    assert isinstance(res.exception, OutputError) and "not a full-prefill run" in str(res.exception)
+
+
+def test_baseline_and_output_rates_on_measured_tiny_runs(tmp_path, tiny_dir, write_jsonl):
+    """`spcli run` at keep 0.1 and at keep 1.0 on the same rows: with --baseline the full prefill is the keep-1.0
+    run's measured base prefill, the saving never exceeds it; `done` and `inspect` give output tokens/s."""
+    from test_run import prompt_rows, read_outputs
+
+    from spcli.inspect.outputs import load_run
+    from spcli.inspect.summary import summarize
+
+    jl = write_jsonl(prompt_rows(4, words=300))
+    args = ["--model", str(tiny_dir), "--speculator", "self:2", "--dtype", "float32", "--max-tokens", "6",
+            "--min-tokens", "16", "--keep-last", "8", "--chunk", "8"]
+    outs = {}
+    for keep in ("0.1", "1.0"):
+        outs[keep] = tmp_path / f"keep{keep}"
+        res = CliRunner().invoke(app, ["run", str(jl), "--out", str(outs[keep]), "--keep", keep, *args])
+        assert res.exit_code == 0, res.output
+        rows = read_outputs(outs[keep])
+        generated = sum(r["num_output_tokens"] for r in rows)
+        assert re.search(rf"output tokens {generated}, \d+\.\d s \(\d+ prompt tok/s, \d+\.\d output tok/s\); outputs",
+                         res.output), res.output
+    full_s = json.loads((outs["1.0"] / "manifest.json").read_text())["shards"]["0"]["prefill_s"]
+    s = summarize(load_run(outs["0.1"]), load_run(outs["1.0"]))
+    assert s.full_prefill.is_measured and s.full_prefill.seconds == pytest.approx(full_s)
+    assert 0 <= s.saved_prefill_s <= s.full_prefill.seconds
+    assert s.saved_prefill_s == pytest.approx(max(0.0, full_s - s.prefill_s))
+    res = CliRunner().invoke(app, ["inspect", str(outs["0.1"]), "--baseline", str(outs["1.0"]), "--width", "300"])
+    assert res.exit_code == 0, res.output
+    assert f"for a full prefill (measured: {outs['1.0']} at keep 1.0, the same rows)" in res.output
+    assert re.search(r"prompt tokens/s, \d+\.\d output tokens/s \(\d+ generated\)", res.output), res.output

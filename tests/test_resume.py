@@ -379,7 +379,8 @@ def test_rerun_of_a_finished_directory_and_a_resumed_run_say_where_they_stand(tm
     pct = lambda t: f"{100 * t[1] / t[0]:.1f}%"
     assert re.fullmatch(
         rf"done: 6 rows in total \(0 failed\), prompt tokens {total[0]}, kept {total[1]} \({pct(total)}\); "
-        rf"this run: 4 new rows, prompt tokens {late[0]}, kept {late[1]} \({pct(late)}\), \d+\.\d s; outputs in {out}\n",
+        rf"this run: 4 new rows, prompt tokens {late[0]}, kept {late[1]} \({pct(late)}\), output tokens \d+, \d+\.\d s "
+        rf"\(\d+ prompt tok/s, \d+\.\d output tok/s\); outputs in {out}\n",
         out_text), out_text
     assert f"kept {pct(late)}, failed 0" in err, "the progress line's keep percentage is the done line's"
     code, out_text, err = cli(argv(src, out, tiny_dir, "--keep", "0.3"), capsys)

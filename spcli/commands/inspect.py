@@ -11,8 +11,10 @@ from spcli.errors import ConfigError
 
 HELP = (
     "Show what a run kept and dropped.\n\n"
-    "Without --id/--row: a summary of the run (rows done/failed/pending, keep rate, prefill work saved, TTFT, "
-    "configuration, errors grouped by message).\n\n"
+    "Without --id/--row: a summary of the run (rows done/failed/pending, keep rate, prefill work and time saved, "
+    "prompt and output tokens/s, TTFT, configuration, errors grouped by message). The time saved is this run's base "
+    "prefill against a full prefill of the same rows: measured in a keep 1.0 run with --baseline, else estimated "
+    "(linear in tokens) and labelled so.\n\n"
     "With --id or --row: that row's prompt re-tokenised with the run's tokenizer; kept tokens shown normally, "
     "dropped ones dimmed, kept chunks shaded alternately, forced first/last tokens marked, and tokens tinted by "
     "importance when the run used --save-scores.\n\n"
@@ -32,6 +34,7 @@ def register(app: typer.Typer) -> None:
         html: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Write a self-contained HTML report (opens offline): the row, or the first --limit rows with a search box.")] = None,
         limit: Annotated[int, typer.Option(metavar="N", help="Rows listed by --html and --compare.")] = 50,
         compare: Annotated[Optional[Path], typer.Option(metavar="DIR2", help="Another run's output directory: outputs side by side, whether they match, tokens kept in one and not the other.")] = None,
+        baseline: Annotated[Optional[Path], typer.Option(metavar="FULL_DIR", help="A keep 1.0 run of the same rows: the summary's full-prefill time is measured there instead of extrapolated from this run.")] = None,
         width: Annotated[Optional[int], typer.Option(metavar="COLUMNS", help="Text width. Default: the terminal's.")] = None,
         color: Annotated[Optional[bool], typer.Option("--color/--no-color", help="Force styles on, or use no colours (bold/dim only). Default: styles on a terminal.", show_default=False)] = None,
         plain: Annotated[bool, typer.Option("--plain", help="Plain text with ⟦kept⟧ ⟮dropped⟯ ⟪forced⟫ markers (default when piped).")] = False,
@@ -58,7 +61,7 @@ def register(app: typer.Typer) -> None:
         if html is not None:
             from spcli.inspect.report import write_report
 
-            write_report(html, run, other, row_id, limit)
+            write_report(html, run, other, row_id, limit, load_run(baseline) if baseline else None)
             typer.echo(f"wrote {html}")
             return
         is_plain = plain or (color is not True and not console.is_terminal)
@@ -66,7 +69,7 @@ def register(app: typer.Typer) -> None:
             if other is None:
                 from spcli.inspect.summary import summarize
 
-                console.print(terminal.summary_renderable(summarize(run)))
+                console.print(terminal.summary_renderable(summarize(run, load_run(baseline) if baseline else None)))
             else:
                 from spcli.inspect.compare import compare_runs
 

@@ -29,6 +29,11 @@ def summary_section(s: Summary) -> str:
         _card("rows done", str(s.num_rows), "rows"), _card("failed", str(s.num_failed), "failed"),
         _card("pending", pending, "pending"), _card("mean keep rate", pct(s.keep_mean), "keep_mean"),
         _card(f"prefill saved ({s.num_kept_tokens} of {s.num_prompt_tokens} tokens kept)", pct(s.saved_fraction), "saved"),
+        _card(f"base prefill time saved ({'measured' if s.full_prefill and s.full_prefill.is_measured else 'estimated'})",
+              "-" if s.saved_prefill_s is None else f"{s.saved_prefill_s:.1f} s of {s.full_prefill.seconds:.1f} s",
+              "saved_s"),
+        _card("prompt / output tokens/s", "-" if s.wall_s <= 0 else
+              f"{s.prompt_tokens_per_s:.0f} / {s.output_tokens_per_s:.1f}", "tokens_per_s"),
         _card("TTFT p50", f"{q['p50']:.2f} s" if q else "-", "ttft_p50"),
         _card("TTFT p99", f"{q['p99']:.2f} s" if q else "-", "ttft_p99"),
     ]

@@ -11,10 +11,12 @@ from spcli.inspect.summary import summarize
 from spcli.inspect.tokens import load_tokenizer, load_view
 
 
-def write_report(path: Path, run: RunOutputs, other: RunOutputs | None, row_id: str | None, limit: int) -> None:
-    """One row (row_id) or the first `limit` rows, each re-tokenised; with `other`, the two runs compared."""
+def write_report(path: Path, run: RunOutputs, other: RunOutputs | None, row_id: str | None, limit: int,
+                 baseline: RunOutputs | None = None) -> None:
+    """One row (row_id) or the first `limit` rows, each re-tokenised; with `other`, the two runs compared;
+    baseline: a keep-1.0 run that measures the full prefill time."""
     tokenizer = load_tokenizer(run)
-    summary = html.summary_section(summarize(run))
+    summary = html.summary_section(summarize(run, baseline))
     if other is not None:
         title, sections = f"{run.out} vs {other.out}", _comparison(run, other, row_id, limit, tokenizer) + [summary]
     elif row_id is not None:  # the asked-for row first, the run's summary below it

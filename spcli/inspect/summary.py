@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from spcli.errors import OutputError
 from spcli.inspect.outputs import RunOutputs
 from spcli.io.read import count_rows
 from spcli.io.records import Shard
@@ -43,6 +44,7 @@ class Summary:
     num_shards_done: int
     num_prompt_tokens: int  # over rows without error
     num_kept_tokens: int
+    num_output_tokens: int  # generated, over rows without error
     keep_mean: float | None  # mean of per-row keep rates
     keep_quantiles: dict[str, float] = field(default_factory=dict)  # min, p10, p50, p90, max
     keep_histogram: list[int] = field(default_factory=list)  # [KEEP_BINS] rows per 10% bin
@@ -51,6 +53,7 @@ class Summary:
     prefill_s: float = 0.0  # base prefill, summed over batches
     is_prefill_estimated: bool = False  # manifests from before per-batch sums: prefill_s from the rows (batch_seconds)
     wall_s: float = 0.0
+    full_prefill: FullPrefill | None = None  # what a full prefill of these rows took or would take
     config: dict = field(default_factory=dict)  # model, speculator, keep, lookahead, chunk, pool, ...
     errors: list[ErrorGroup] = field(default_factory=list)  # most frequent first
     configs: list[ConfigPart] = field(default_factory=list)  # every configuration that made parts, oldest first
@@ -65,17 +68,20 @@ class Summary:
         return self.num_prompt_tokens / self.wall_s if self.wall_s > 0 else None
 
     @property
+    def output_tokens_per_s(self) -> float | None:
+        return self.num_output_tokens / self.wall_s if self.wall_s > 0 else None
+
+    @property
     def speculator_share(self) -> float | None:
         """The speculator's share of the run's wall time."""
         return self.speculate_s / self.wall_s if self.wall_s > 0 else None
 
     @property
     def saved_prefill_s(self) -> float | None:
-        """Base prefill time the dropped tokens would have cost, at the measured base seconds per kept token
-        (linear: attention's quadratic part would make it larger)."""
-        if not self.num_kept_tokens or self.prefill_s <= 0:
+        """The full prefill's time less this run's base prefill: never more than the full prefill itself."""
+        if self.full_prefill is None:
             return None
-        return self.prefill_s / self.num_kept_tokens * self.num_saved_tokens
+        return max(0.0, self.full_prefill.seconds - self.prefill_s)
 
     @property
     def num_saved_tokens(self) -> int:
@@ -84,6 +90,48 @@ class Summary:
     @property
     def saved_fraction(self) -> float | None:
         return self.num_saved_tokens / self.num_prompt_tokens if self.num_prompt_tokens else None
+
+
+@dataclass
+class FullPrefill:
+    """The base prefill time of the same rows at keep 1.0, and how it was found."""
+
+    seconds: float
+    is_measured: bool  # from a keep-1.0 run (--baseline); else extrapolated from this run
+    how: str  # one phrase for the summary: where the figure comes from
+
+
+def estimated_full_prefill(prefill_s: float, num_kept_tokens: int, num_prompt_tokens: int) -> FullPrefill | None:
+    """This run's base prefill scaled by prompt / kept tokens: linear in tokens. Fixed costs per forward
+    make the real figure smaller (the issue's 8 rows: 2x), attention's quadratic part larger (tiny models
+    on long prompts: 8x), so it is labelled an estimate and a keep-1.0 run measures it."""
+    if not num_kept_tokens or prefill_s <= 0:
+        return None
+    return FullPrefill(prefill_s * num_prompt_tokens / num_kept_tokens, False,
+                       "estimated: this run's base prefill x prompt / kept tokens")
+
+
+def measured_full_prefill(run: RunOutputs, baseline: RunOutputs) -> FullPrefill:
+    """The base prefill of `baseline`, a keep-1.0 run, over the rows this run completed: all of it when it
+    holds the same rows, else its share by prompt tokens (a batch's time is not split per row)."""
+    cols = ["id", "num_prompt_tokens", "num_kept_tokens", "error"]
+    mine = {r["id"] for r in run.table(cols).to_pylist() if r["error"] is None}
+    rows = [r for r in baseline.table(cols).to_pylist() if r["error"] is None]
+    if any(r["num_kept_tokens"] != r["num_prompt_tokens"] for r in rows):
+        raise OutputError(f"--baseline {baseline.out}: not a full-prefill run (some rows kept fewer tokens than their "
+                          f"prompt; its keep is {baseline.config.get('select', {}).get('keep')}); give a run made "
+                          "with --keep 1.0")
+    have = {r["id"]: r["num_prompt_tokens"] for r in rows}
+    missing = sorted(mine - have.keys())
+    if missing:
+        raise OutputError(f"--baseline {baseline.out}: {len(missing)} of this run's {len(mine)} rows are not among "
+                          f"its rows without error (e.g. {missing[0]!r}); run it on the same input")
+    total = sum(have.values())
+    share = sum(have[i] for i in mine) / total if total else 0.0
+    seconds, _ = prefill_seconds(baseline)
+    how = f"measured: {baseline.out} at keep 1.0"
+    how += ", the same rows" if len(mine) == len(have) else f", {len(mine)} of its {len(have)} rows by prompt tokens"
+    return FullPrefill(seconds * share, True, how)
 
 
 def resolved_config(cfg: dict, fingerprint_fields: dict | None = None) -> dict:
@@ -175,30 +223,36 @@ def config_parts(run: RunOutputs) -> list[ConfigPart]:
     return [ConfigPart(c["rows"], c["parts"], c["differences"]) for c in config_history(run.manifests)]
 
 
-def summarize(run: RunOutputs) -> Summary:
-    t = run.table(["num_prompt_tokens", "num_kept_tokens", "keep_rate", "ttft_s", "speculate_s", "error"])
+def summarize(run: RunOutputs, baseline: RunOutputs | None = None) -> Summary:
+    """baseline: a keep-1.0 run of the same rows, whose base prefill is the full prefill (else estimated)."""
+    t = run.table(["num_prompt_tokens", "num_kept_tokens", "num_output_tokens", "keep_rate", "ttft_s", "speculate_s",
+                   "error"])
     error = t.column("error").to_pylist()
     ok = np.array([e is None for e in error], dtype=bool)  # [rows]
     prompt = np.asarray(t.column("num_prompt_tokens").to_numpy(zero_copy_only=False), dtype=np.int64)[ok]
     kept = np.asarray(t.column("num_kept_tokens").to_numpy(zero_copy_only=False), dtype=np.int64)[ok]
+    output = np.asarray(t.column("num_output_tokens").to_numpy(zero_copy_only=False), dtype=np.float64)[ok]
     keep = np.asarray(t.column("keep_rate").to_numpy(zero_copy_only=False), dtype=np.float64)[ok]
     keep = keep[~np.isnan(keep)]
     ttft = np.asarray(t.column("ttft_s").to_numpy(zero_copy_only=False), dtype=np.float64)[ok]
     ttft = ttft[~np.isnan(ttft)]
     spec = np.asarray(t.column("speculate_s").to_numpy(zero_copy_only=False), dtype=np.float64)
     prefill_s, is_estimated = prefill_seconds(run)
+    full = (measured_full_prefill(run, baseline) if baseline is not None
+            else estimated_full_prefill(prefill_s, int(kept.sum()), int(prompt.sum())))
     bins = np.minimum((keep * KEEP_BINS).astype(np.int64), KEEP_BINS - 1)
     return Summary(
         out=str(run.out), is_finished=run.is_finished, num_rows=t.num_rows, num_failed=int((~ok).sum()),
         num_pending=_pending(run), num_shards=len(run.shards),
         num_shards_done=sum(bool(s.get("done")) for s in run.shards),
         num_prompt_tokens=int(prompt.sum()), num_kept_tokens=int(kept.sum()),
+        num_output_tokens=int(np.nansum(output)),
         keep_mean=float(keep.mean()) if keep.size else None,
         keep_quantiles=_quantiles(keep, {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}),
         keep_histogram=np.bincount(bins, minlength=KEEP_BINS).tolist(),
         ttft_quantiles=_quantiles(ttft, {"p50": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}),
         speculate_s=float(np.nansum(spec)),
-        prefill_s=prefill_s, is_prefill_estimated=is_estimated,
+        prefill_s=prefill_s, is_prefill_estimated=is_estimated, full_prefill=full,
         wall_s=max((m.get("wall_s", 0.0) for m in run.manifests), default=0.0),
         config=resolved_config(run.config, run.fingerprint_fields),
         errors=group_errors([e for e in error if e is not None]), configs=config_parts(run),

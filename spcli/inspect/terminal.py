@@ -103,6 +103,24 @@ def row_renderable(view: TokenView, mono: bool, keep_first: int, keep_last: int)
 PREFILL_SUM = {False: "summed over batches, each once", True: "estimated from the rows: each row holds its batch's time"}
 
 
+ESTIMATE_CAVEAT = ("an estimate, linear in tokens: fixed costs per batch make a full prefill cheaper, attention's "
+                   "quadratic cost dearer; --baseline DIR (a keep 1.0 run of these rows) measures it")
+
+
+def prefill_line(s: Summary) -> Text:
+    """This run's base prefill against a full prefill of the same rows, measured or estimated (and how)."""
+    full = s.full_prefill
+    if full is None:
+        return Text("base prefill time saved: unknown (no base prefill time recorded)")
+    about = "" if full.is_measured else "about "
+    saved = s.saved_prefill_s
+    text = (f"base prefill {s.prefill_s:.1f} s against {about}{full.seconds:.1f} s for a full prefill ({full.how}): "
+            f"{about}{saved:.1f} s saved, for {s.speculate_s:.1f} s of speculation")
+    if s.speculate_s > saved:
+        return Text(f"{text}; the speculator cost more than it saved", style="yellow")
+    return Text(text)
+
+
 def summary_renderable(s: Summary) -> Table:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
@@ -115,13 +133,9 @@ def summary_renderable(s: Summary) -> Table:
     t.add_row("tokens", f"{s.num_prompt_tokens} prompt -> {s.num_kept_tokens} kept: prefill work saved "
                         f"{s.num_saved_tokens} tokens ({pct(s.saved_fraction)}), at the cost of speculator "
                         f"{s.speculate_s:.1f} s ({pct(s.speculator_share)} of wall time)")
-    saved = s.saved_prefill_s
-    if saved is not None and s.speculate_s > saved:
-        t.add_row("", Text(f"the speculator cost more than it saved: {s.speculate_s:.1f} s of speculation vs about "
-                           f"{saved:.1f} s of base prefill saved (extrapolated: base s per kept token x dropped tokens)", style="yellow"))
-    elif saved is not None:
-        t.add_row("", f"about {saved:.1f} s of base prefill saved (extrapolated: base s per kept token x dropped tokens) "
-                      f"for {s.speculate_s:.1f} s of speculation")
+    t.add_row("", prefill_line(s))
+    if s.full_prefill is not None and not s.full_prefill.is_measured:
+        t.add_row("", ESTIMATE_CAVEAT)
     q = s.keep_quantiles
     t.add_row("keep rate", f"by tokens {pct(s.keep_by_tokens)} (kept / prompt tokens over all rows)")
     if q:
@@ -130,7 +144,9 @@ def summary_renderable(s: Summary) -> Table:
     if s.ttft_quantiles:
         t.add_row("TTFT", ", ".join(f"{k} {v:.3f} s" for k, v in s.ttft_quantiles.items()))
     rate = "-" if s.prompt_tokens_per_s is None else f"{s.prompt_tokens_per_s:.0f}"
-    t.add_row("time", f"wall {s.wall_s:.1f} s, {rate} prompt tokens/s; speculator {s.speculate_s:.1f} s, "
+    out_rate = "-" if s.output_tokens_per_s is None else f"{s.output_tokens_per_s:.1f}"
+    t.add_row("time", f"wall {s.wall_s:.1f} s, {rate} prompt tokens/s, {out_rate} output tokens/s "
+                      f"({s.num_output_tokens} generated); speculator {s.speculate_s:.1f} s, "
                       f"base prefill {s.prefill_s:.1f} s ({PREFILL_SUM[s.is_prefill_estimated]})")
     items = [f"{k} {v}" for k, v in s.config.items()]
     label = "config" if len(s.configs) < 2 else "config (latest)"
