@@ -183,6 +183,31 @@ def test_keep_one_equals_plain_vllm_generation(shared_engine, tmp_path, smollm2_
         assert row["ttft_s"] > 0 and row["speculate_s"] == 0.0
 
 
+def preset_with_absent_speculator(monkeypatch) -> str:
+    """smollm2-135m's preset with llama-8b (not on this machine, never downloaded) as its default speculator."""
+    import dataclasses
+
+    from spcli import models
+
+    monkeypatch.setitem(models.PRESETS, "smollm2-135m",
+                        dataclasses.replace(models.PRESETS["smollm2-135m"], speculator="llama-8b"))
+    assert not models.is_available("llama-8b")
+    return "llama-8b"
+
+
+@needs_vllm
+def test_keep_one_needs_no_speculator(shared_engine, monkeypatch, tmp_path):
+    """The full-prefill baseline runs where the preset's speculator is absent; at keep 0.3 the same run is refused."""
+    absent = preset_with_absent_speculator(monkeypatch)
+    jl = write_jsonl(tmp_path / "in.jsonl", chat_rows()[:2])
+    code, output, exc = spcli_run(str(jl), "--out", str(tmp_path / "full"), "--engine", "vllm", *COMMON, "--keep", "1.0")
+    assert code == 0, (output, exc)
+    assert "done: 2 rows (0 failed)" in output
+    assert all(r["keep_rate"] == 1.0 and r["error"] is None for r in read_rows(tmp_path / "full").values())
+    code, output, exc = spcli_run(str(jl), "--out", str(tmp_path / "pruned"), "--engine", "vllm", *COMMON, *PRUNED)
+    assert code != 0 and absent in str(exc) and "not on this machine" in str(exc), (output, exc)
+
+
 @needs_vllm
 def test_pruned_run_keeps_what_the_hf_engine_keeps(pruned_run, chat_jsonl, tiny_dir, tmp_path):
     """Same speculator, same selection code: same kept indices; in float32 the same greedy text too."""

@@ -76,10 +76,13 @@ class VllmEngine:
         platform = _import_vllm()  # first: no CUDA runtime call before it (spcli/device.py); vLLM sets the NVML check too
         device = pick_device(cfg.device) if self.placement == "driver" else pick_device("cpu")
         dtype = engine_dtype(cfg, platform.is_cpu())  # the base's, for the replicas on the GPUs too (not the driver CPU's)
-        stack = load.load_stack(cfg.model, cfg.speculator, dtype, str(device), with_base=False)
+        stack = load.load_stack(cfg.model, cfg.speculator, dtype, str(device), with_base=False,
+                                needs_speculator=cfg.select.prunes)  # keep 1.0: none is located or checked
         self.model_config = read_model_config(stack.path)  # read once: layers, RoPE table
         self.source = None  # what the speculator loads (checked before vLLM starts); None: it cannot run here
-        if load.parse_self(name) is None:
+        if not cfg.select.prunes:
+            pass  # the full-prefill baseline: no speculator, even where the preset's is not on this machine
+        elif load.parse_self(name) is None:
             self.source = stack.speculator_source()
         elif not cfg.score.lookahead:  # with look-ahead: refused above, or at --keep 1.0 a record's own keep errs
             layers = self_layers(name, cfg.score, int(self.model_config["num_hidden_layers"]))
