@@ -8,7 +8,8 @@ vllm_pass.py). What is supported:
   look-ahead): vLLM holds the base weights in its own format, so only the tensors of the layers the
   speculator runs (up to the last scored one) and the embeddings are read from the base's checkpoint
   into transformers (counted in the memory plan); an FP8 checkpoint is refused. With look-ahead `self`
-  would need a second copy of the whole model: refused. At --keep 1.0 no speculator is loaded.
+  would need a second copy of the whole model: refused. Both refusals come from vllm_refusals.py, which
+  `spcli plan` calls too, before vLLM starts. At --keep 1.0 no speculator is located or loaded.
 - Where it runs (`--speculator-placement`): `workers` (default) puts a replica in every vLLM worker, one
   per GPU, on that worker's device; each batch's pruned prompts are shared among the ranks by tokens and
   scored there with the hf engine's own speculate code (replica.py, `WorkerSpeculator`); the driver holds
@@ -38,19 +39,10 @@ from spcli.engine import load
 from spcli.engine.failures import raise_if_device_error
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.engine.vllm_args import cpu_env_defaults, engine_args, engine_dtype, read_model_config
+from spcli.engine.vllm_refusals import base_quantization, refuse_speculator, stored_quantization
 from spcli.errors import ConfigError, EngineDied, RecordError
 from spcli.plan.memory import GiB
 from spcli.stop import StopAtSafePoint
-
-
-def self_speculator_refusal(speculator: str, model: str) -> str:
-    return (
-        f"--engine vllm cannot use --speculator {speculator} with look-ahead: decoding look-ahead tokens needs "
-        f"all of {model!r}'s layers in transformers, a second copy of the weights beside vLLM's. Use early exit "
-        "(--lookahead 0 with --window and --score-layers: only the layers up to the last scored one are read), "
-        "a separate speculator of the same tokenizer, --speculator NAME|FOLDER (e.g. llama-8b for "
-        "llama-405b-fp8), or --engine hf"
-    )
 
 
 def self_layers(speculator: str, score: ScoreConfig, num_layers: int) -> int:
@@ -71,14 +63,17 @@ class VllmEngine:
         self.log = log
         self.placement = cfg.vllm.speculator_placement
         name = cfg.speculator or models.default_speculator(cfg.model)
-        if load.parse_self(name) is not None and cfg.score.lookahead and cfg.select.prunes:
-            raise ConfigError(self_speculator_refusal(name, cfg.model))  # at once, vLLM installed or not
+        path = models.locate(cfg.model)
+        model_config = read_model_config(path)  # read once: layers, RoPE table, quantization
+        if cfg.select.prunes:  # what `spcli plan` refuses, refused here before vLLM is imported or started
+            refuse_speculator(name, cfg.model, cfg.score, base_quantization(cfg.model, stored_quantization(model_config)),
+                              int(model_config["num_hidden_layers"]))
         platform = _import_vllm()  # first: no CUDA runtime call before it (spcli/device.py); vLLM sets the NVML check too
         device = pick_device(cfg.device) if self.placement == "driver" else pick_device("cpu")
         dtype = engine_dtype(cfg, platform.is_cpu())  # the base's, for the replicas on the GPUs too (not the driver CPU's)
-        stack = load.load_stack(cfg.model, cfg.speculator, dtype, str(device), with_base=False,
+        stack = load.load_stack(cfg.model, cfg.speculator, dtype, str(device), with_base=False, path=path,
                                 needs_speculator=cfg.select.prunes)  # keep 1.0: none is located or checked
-        self.model_config = read_model_config(stack.path)  # read once: layers, RoPE table
+        self.model_config = model_config
         self.source = None  # what the speculator loads (checked before vLLM starts); None: it cannot run here
         if not cfg.select.prunes:
             pass  # the full-prefill baseline: no speculator, even where the preset's is not on this machine

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from spcli import models, profiles
 from spcli.config import SPECULATOR_CHUNK, ScoreConfig, _check
 from spcli.engine.load import parse_self
+from spcli.engine.vllm_args import read_model_config
+from spcli.engine.vllm_refusals import base_quantization, refuse_speculator, stored_quantization
 from spcli.errors import ConfigError
 from spcli.plan import memory
 from spcli.plan.configs import local_folder, model_shape
@@ -81,17 +83,15 @@ class Plan:
         return self.kv_tokens // (self.cfg.length + self.cfg.max_tokens)
 
 
-def speculator_shape(base: ModelShape, name: str, score: ScoreConfig, quantization: str | None) -> ModelShape:
-    """What the speculator loads: a separate model, or the base's layers up to the last scored one (self:K)."""
+def speculator_shape(base: ModelShape, model: str, name: str, score: ScoreConfig, quantization: str | None) -> ModelShape:
+    """What the speculator loads: a separate model, or the base's layers up to the last scored one (self:K);
+    what the vllm engine refuses is refused here by the same function (vllm_refusals.refuse_speculator)."""
+    folder = local_folder(model)
+    stored = stored_quantization(read_model_config(folder)) if folder else ("quantized" if base.is_quantized else None)
+    refuse_speculator(name, model, score, base_quantization(model, stored), base.num_layers)
     k = parse_self(name)
     if k is None:
         return model_shape(name)
-    if score.lookahead:
-        raise ConfigError(f"--speculator {name} with look-ahead decodes through every layer (a second copy of the "
-                          "base): the vllm engine refuses it; pass --lookahead 0 or a separate speculator")
-    if quantization:
-        raise ConfigError(f"--speculator {name} on a {quantization} base: transformers cannot run its quantized "
-                          "layers; pass a separate speculator")
     return base.first_layers(score.layers(k or base.num_layers)[-1] + 1)
 
 
@@ -104,7 +104,7 @@ def make_plan(cfg: PlanConfig) -> Plan:
     dtype = models.default_dtype(cfg.model)
     name = cfg.speculator or models.default_speculator(cfg.model)
     score = profiles.resolve_score(cfg.score, cfg.model, local_folder(cfg.model), name)
-    spec = speculator_shape(base, name, score, quantization) if cfg.keep < 1.0 else None
+    spec = speculator_shape(base, cfg.model, name, score, quantization) if cfg.keep < 1.0 else None
     max_model_len = cfg.max_model_len or (preset.max_model_len if preset else None) or base.max_position_embeddings
     _check(cfg.length <= max_model_len, f"--length {cfg.length} exceeds max_model_len {max_model_len}: "
                                         "pass --max-model-len (it sizes the speculator's cache)")
