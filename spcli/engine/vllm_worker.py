@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import vllm
 
+from spcli.engine.pinned_upload import PinnedUpload
 from spcli.engine.vllm_keys import (  # noqa: F401 (KEPT_KEY, ... re-exported for tests)
     KEPT_KEY, LENGTH_KEY, REMAP_KEY, SUPPORTED_VLLM, WORKER_CLS, check_vllm_version,
 )
@@ -123,18 +124,14 @@ class PositionRemapMixin:
         self.positions.index_copy_(0, slots_d, values_d)
 
     def _upload(self, slots: np.ndarray, values: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """slots, values [T'] int64 -> the device, in one non-blocking copy from a pinned buffer kept
-        across steps. Reusing it is as safe as vLLM's own pinned input buffers: each step ends with a
-        sync (the sampled ids come back to the host) before the next step writes the buffer again."""
-        n = slots.size
-        pinned = self.__dict__.get("_spcli_pinned")
-        if pinned is None or pinned.shape[1] < n:
-            pinned = torch.empty((2, max(n, self.positions.numel())), dtype=torch.int64, pin_memory=True)
-            self.__dict__["_spcli_pinned"] = pinned
-        pinned[0, :n] = torch.from_numpy(slots)
-        pinned[1, :n] = torch.from_numpy(values)
-        on_device = pinned[:, :n].to(self.device, non_blocking=True)  # [2, T']
-        return on_device[0], on_device[1]
+        """slots, values [T'] int64 -> the device in one non-blocking copy of one contiguous pinned run; the
+        pinned buffers are reused only after an event says their last copy is done (pinned_upload.py:
+        safe under async scheduling, where no sync separates steps)."""
+        upload = self.__dict__.get("_spcli_upload")
+        if upload is None:
+            upload = self.__dict__["_spcli_upload"] = PinnedUpload(self.device)
+        slots_d, values_d = upload(slots, values)
+        return slots_d, values_d
 
     def _plan(self, req_id: str) -> PositionPlan | None:
         """The request's plan, built once per request (kept lists can be 100k long)."""
