@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from spcli.config import KEEP_SCALE, SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
+from spcli import help_panels
 from spcli.device import nvml_device_checks
 from spcli.errors import EXIT_FAILURE, SpcliError
 
@@ -38,6 +39,7 @@ def _usage_name(self) -> str:
 
 
 typer.core.TyperArgument._usage_display_name = _usage_name
+help_panels.install()  # options in panels (Input, Model and speculator, ...), no name cut at 80 columns
 
 
 def _version(value: bool) -> None:

@@ -45,3 +45,44 @@ def test_help_mentions_what_the_code_does():
     assert inspect.exit_code == 0
     for text in ("--id", "--row", "--html", "--limit", "--compare", "--width", "--no-color", "--plain", "⟦kept chunk⟧"):
         assert text in inspect.output
+
+
+def _commands():
+    """(path, click command) for the root and every command and sub-command."""
+    import typer
+
+    found = []
+
+    def walk(cmd, path):
+        found.append((path, cmd))
+        for name, sub in getattr(cmd, "commands", {}).items():
+            if not sub.hidden:
+                walk(sub, path + [name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def test_no_option_name_is_cut_at_80_columns():
+    import re
+
+    runner = CliRunner()
+    for path, cmd in _commands():
+        res = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb"})
+        assert res.exit_code == 0, res.output
+        assert max(len(line) for line in res.output.splitlines()) <= 80, path
+        for param in cmd.params:
+            for name in [*param.opts, *param.secondary_opts]:
+                if name.startswith("-") and not getattr(param, "hidden", False):
+                    assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", res.output), \
+                        f"spcli {' '.join(path)} --help at 80 columns cuts or drops {name}:\n{res.output}"
+
+
+def test_run_help_groups_every_option_in_a_panel():
+    from spcli.help_panels import ORDER
+
+    res = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb"})
+    assert res.exit_code == 0, res.output
+    titles = [line.split("─ ", 1)[1].split(" ─")[0] for line in res.output.splitlines() if line.startswith("╭─ ")]
+    assert titles == ["Arguments", *ORDER, "Help"], f"an option of spcli run is in no panel (spcli/help_panels.py " \
+                                                    f"PANELS): {titles}"
