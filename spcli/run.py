@@ -122,6 +122,9 @@ def open_manifest(cfg: RunConfig, out: Path, shards: list[Shard], task: dict | N
             )
         if not all(old.shards[i].done for i in old.shards if old.shards[i].path in {s.path for s in shards}):
             log.warning("--force: appending to outputs made with another configuration (%s)", what)
+        elif not cfg.retry_failed:
+            log.warning("--force: every shard in %s is already done, so no row is made with this configuration (%s); "
+                        "its outputs are left as they were: --fresh redoes them with it, or give another --out", out, what)
         old.use_config(cfg.to_dict(), fields)  # the parts made so far keep their configuration
     old.task, old.finished = task, False
     old.shards = merge_progress(old.shards, shards)

@@ -209,14 +209,10 @@ def test_parquet_without_prompt_column(tmp_path, tiny_dir, capsys):
                   "name yours with --prompt-field or --messages-field")
 
 
-def test_empty_parquet_file(tmp_path, tiny_dir, capsys):
-    path = tmp_path / "empty.parquet"
-    path.write_bytes(b"")
-    expect_exit_2(run_argv(path, tmp_path / "o", tiny_dir), capsys, f"{path}: empty file (0 bytes), not a Parquet file")
-
-
-def test_empty_jsonl_file_is_zero_rows_and_a_warning(tmp_path, tiny_dir, capsys):
-    path = tmp_path / "empty.jsonl"
+@pytest.mark.parametrize("name", ["empty.jsonl", "empty.parquet"])
+def test_empty_file_is_zero_rows_and_a_warning(tmp_path, tiny_dir, capsys, name):
+    """A 0-byte Parquet file is read as a 0-byte JSONL file is: no records, a warning (it used to stop the run)."""
+    path = tmp_path / name
     path.write_bytes(b"")
     code, out, err = cli(run_argv(path, tmp_path / "o", tiny_dir), capsys)
     assert code == 0, err
@@ -229,7 +225,8 @@ def test_directory_with_no_shards(tmp_path, tiny_dir, capsys):
     d = tmp_path / "inputs"
     d.mkdir()
     (d / "README.txt").write_text("no shards here")
-    expect_exit_2(run_argv(d, tmp_path / "o", tiny_dir), capsys, f"{d}: directory has no shards (*.jsonl, *.jsonl.gz, *.parquet)")
+    expect_exit_2(run_argv(d, tmp_path / "o", tiny_dir), capsys,
+                  f"{d}: directory has no shards (*.jsonl, *.jsonl.gz, *.parquet); not shards: README.txt")
 
 
 def test_truncated_gzip(tmp_path, tiny_dir, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -143,9 +144,9 @@ def shard(path) -> Shard:
 
 
 def test_file_level_problems(tmp_path):
-    (tmp_path / "empty.parquet").write_bytes(b"")
-    with pytest.raises(InputError, match=r"empty.parquet: empty file \(0 bytes\), not a Parquet file$"):
-        check_shard(shard(tmp_path / "empty.parquet"), FIELDS)
+    (tmp_path / "empty.parquet").write_bytes(b"")  # as a 0-byte JSONL file: no records, a warning
+    assert check_shard(shard(tmp_path / "empty.parquet"), FIELDS) == f"{tmp_path}/empty.parquet: empty file (no records)"
+    assert records(tmp_path / "empty.parquet") == [] and count_rows(shard(tmp_path / "empty.parquet")) == 0
 
     good = tmp_path / "good.parquet"
     pq.write_table(pa.table({"prompt": ["a"] * 100}), good)
@@ -200,7 +201,7 @@ def test_discover(tmp_path):
     (tmp_path / "none" / "notes.txt").write_text("x")
     with pytest.raises(InputError) as e:
         discover([str(tmp_path / "none")])
-    assert str(e.value) == f"{tmp_path}/none: directory has no shards (*.jsonl, *.jsonl.gz, *.parquet)"
+    assert str(e.value) == f"{tmp_path}/none: directory has no shards (*.jsonl, *.jsonl.gz, *.parquet); not shards: notes.txt"
     with pytest.raises(InputError, match=r"missing.jsonl: no such file or directory$"):
         discover([str(tmp_path / "missing.jsonl")])
     with pytest.raises(InputError, match=r"nothing\*.jsonl: glob matches no shards$"):
@@ -245,3 +246,63 @@ def test_pretty_printed_json_is_not_json_lines(tmp_path, text):
     with pytest.raises(InputError) as e:
         check_shard(shard(path), FIELDS)
     assert str(e.value) == f"{path}: pretty-printed JSON, not JSON Lines (one record per line)"
+
+
+@pytest.mark.parametrize("body, refused", [
+    ({"stop": ["\n\n"]}, "stop"), ({"top_p": 0.9}, "top_p"), ({"seed": 7}, "seed"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"presence_penalty": 1}, "presence_penalty"),
+    ({"logprobs": True}, "logprobs"), ({"stop": None, "top_p": 1, "frequency_penalty": 0}, None),
+])
+def test_openai_sampling_fields_no_engine_applies_are_refused_by_name(tmp_path, body, refused):
+    """The issue: `top_p` and `stop` were ignored in silence. Each is now an error row naming it, unless it holds
+    the value that changes nothing."""
+    line = {"custom_id": "c", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "x"}], **body}}
+    error = one_error(tmp_path, json.dumps(line))
+    if refused is None:
+        assert error is None
+    else:
+        assert error.startswith(f"{tmp_path}/one.jsonl:line 1: field 'body.{refused}' is not supported ("), error
+        assert error.endswith("; remove it from the request")
+
+
+def test_a_named_id_field_that_is_missing_is_an_error_naming_the_fields(tmp_path):
+    """The issue: `--id-field id_of_ticket` (mistyped) ran with ids tickets:0, tickets:1, ..."""
+    fields = FieldConfig(id="id_of_ticket")
+    pq.write_table(pa.table({"ticket_id": ["a"], "prompt": ["hello"]}), tmp_path / "t.parquet")
+    with pytest.raises(InputError) as e:
+        check_shard(shard(tmp_path / "t.parquet"), fields)
+    assert str(e.value) == (f"{tmp_path}/t.parquet: Parquet file has no 'id_of_ticket' column (--id-field); its columns: "
+                            "prompt, ticket_id")
+    for name, opener in (("t.jsonl", open), ("t.jsonl.gz", gzip.open)):
+        with opener(tmp_path / name, "wt") as f:
+            f.write('{"ticket_id": "a", "prompt": "hello"}\n')
+        with pytest.raises(InputError) as e:
+            check_shard(shard(tmp_path / name), fields)
+        assert str(e.value) == (f"{tmp_path}/{name}: the first record has no field 'id_of_ticket' (--id-field); its "
+                                "fields: prompt, ticket_id")
+        assert check_shard(shard(tmp_path / name), FieldConfig(id="ticket_id")) is None
+        assert check_shard(shard(tmp_path / name), FIELDS) is None, "the default id may be absent: ids are generated"
+
+
+def test_row_counts_of_gzip_jsonl(tmp_path):
+    path = tmp_path / "g.jsonl.gz"
+    path.write_bytes(gzip.compress(b"".join(b'{"prompt": "row %d"}\n' % i for i in range(7)) + b"\n"))
+    assert count_rows(shard(path)) == 7
+
+
+def test_files_a_directory_input_skips_are_named(tmp_path, caplog):
+    d = tmp_path / "data"
+    (d / "sub").mkdir(parents=True)
+    for name in ("a.jsonl", "sub/b.parquet", "c.csv", "notes.txt", "README.md"):
+        (d / name).write_text("")
+    with caplog.at_level("WARNING", logger="spcli"):
+        shards = discover([str(d)])
+    assert [Path(s.path).name for s in shards] == ["a.jsonl", "b.parquet"]
+    assert (f"{d}: skipped 3 files that are not shards (*.jsonl, *.jsonl.gz, *.parquet): README.md, c.csv, notes.txt"
+            in caplog.messages)
+    (d / "a.jsonl").unlink()
+    (d / "sub" / "b.parquet").unlink()
+    with pytest.raises(InputError, match=r"directory has no shards \(\*.jsonl, \*.jsonl.gz, \*.parquet\); not shards: "
+                                         r"README.md, c.csv, notes.txt$"):
+        discover([str(d)])

@@ -109,6 +109,14 @@ def test_changed_keep_refuses_then_fresh_starts_over_and_force_appends(tmp_path,
     n = forced[2]["num_prompt_tokens"]
     assert forced[2]["num_kept_tokens"] == -(-n // 2), "rows after the stop use keep 0.5"
 
+    # the directory is finished now: another --force says that nothing was made with its configuration
+    code, out_text, err = cli(argv(src, out, tiny_dir, "--keep", "0.2", "--force"), capsys)
+    assert code == 0, err
+    assert (f"WARNING --force: every shard in {out} is already done, so no row is made with this configuration "
+            "(select.keep: 0.5 -> 0.2); its outputs are left as they were: --fresh redoes them with it, or give another "
+            "--out\n") in err
+    assert out_text.startswith("nothing to do: 6 rows already done")
+
     code, _, err = cli(argv(src, out, tiny_dir, "--keep", "0.3", "--fresh"), capsys)
     assert code == 0, err
     fresh = {r["row"]: r for r in read_outputs(out)}

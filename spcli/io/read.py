@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import zlib
 from collections.abc import Iterator
 
@@ -47,7 +48,7 @@ def check_shard(shard: Shard, fields: FieldConfig) -> str | None:
         raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
     if kind == "parquet":
         if not head:
-            raise InputError(f"{shard.path}: empty file (0 bytes), not a Parquet file")
+            return f"{shard.path}: empty file (no records)"  # as a 0-byte JSONL shard
         pf = _open_parquet(shard)
         parquet_columns(pf, shard, fields)
         return f"{shard.path}: Parquet file has no rows" if pf.metadata.num_rows == 0 else None
@@ -59,13 +60,32 @@ def check_shard(shard: Shard, fields: FieldConfig) -> str | None:
         raise InputError(f"{shard.path}: file is gzip-compressed; name it .jsonl.gz")
     if kind == "jsonl" and head == PARQUET_MAGIC:
         raise InputError(f"{shard.path}: file is Parquet; name it .parquet")
-    if kind == "jsonl" and _first_line(shard.path) in (b"[", b"{"):
+    try:
+        first = _first_line(shard.path, gzip.open if kind == "jsonl.gz" else open)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise InputError(f"{shard.path}: compressed file is truncated or corrupt ({e})") from e
+    if kind == "jsonl" and first in (b"[", b"{"):
         raise InputError(f"{shard.path}: pretty-printed JSON, not JSON Lines (one record per line)")
+    check_id_field(shard, fields, first)
     return None
 
 
-def _first_line(path: str) -> bytes:
-    with open(path, "rb") as f:
+def check_id_field(shard: Shard, fields: FieldConfig, first: bytes) -> None:
+    """A named --id-field that the first record lacks is a mistyped name, not rows to number: refuse it,
+    naming the fields present (the default `id` may be absent: ids are then <file stem>:<row>)."""
+    if fields.id == FieldConfig().id:
+        return
+    try:
+        obj = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return  # that record becomes an error row of its own
+    if isinstance(obj, dict) and fields.id not in obj and not ("custom_id" in obj and "body" in obj):
+        raise InputError(f"{shard.path}: the first record has no field {fields.id!r} (--id-field); its fields: "
+                         f"{', '.join(sorted(map(str, obj)))}")
+
+
+def _first_line(path: str, opener=open) -> bytes:
+    with opener(path, "rb") as f:
         for line in iter(lambda: f.readline(1 << 16), b""):
             if line.strip():
                 return line.strip().lstrip(UTF8_BOM)
@@ -158,6 +178,9 @@ def parquet_columns(pf: pq.ParquetFile, shard: Shard, fields: FieldConfig) -> li
     if fields.prompt not in names and fields.messages not in names:
         raise InputError(f"{shard.path}: Parquet file has no {fields.prompt!r} or {fields.messages!r} column "
                          f"(columns: {', '.join(sorted(names))}); name yours with --prompt-field or --messages-field")
+    if fields.id != FieldConfig().id and fields.id not in names:
+        raise InputError(f"{shard.path}: Parquet file has no {fields.id!r} column (--id-field); its columns: "
+                         f"{', '.join(sorted(names))}")
     wanted = [fields.id, fields.prompt, fields.messages, "max_tokens", "keep", "temperature"]
     return list(dict.fromkeys(c for c in wanted if c in names))
 
@@ -187,6 +210,8 @@ def _rows(batch: pa.RecordBatch) -> Iterator[dict | str]:
 
 
 def _read_parquet(shard: Shard, fields: FieldConfig, start_row: int, limit: int) -> Iterator[Record]:
+    if _is_empty(shard.path):
+        return
     pf = _open_parquet(shard)
     columns = parquet_columns(pf, shard, fields)
     first = 0  # first row of row group g
@@ -223,14 +248,21 @@ def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, colum
 
 
 def count_rows(shard: Shard) -> int | None:
-    """Rows in a shard when cheap to know: Parquet metadata, or a line count of plain JSONL."""
+    """Rows in a shard: Parquet metadata, or a line count of JSONL (gzip decompressed on the way)."""
     kind = shard_kind(shard.path)
     try:
+        if _is_empty(shard.path):
+            return 0
         if kind == "parquet":
             return pq.ParquetFile(shard.path).metadata.num_rows
-        if kind == "jsonl":
-            with open(shard.path, "rb") as f:
-                return sum(1 for line in f if line.strip())
-    except (OSError, pa.ArrowException):
+        with (gzip.open if kind == "jsonl.gz" else open)(shard.path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except (OSError, EOFError, zlib.error, pa.ArrowException):
         return None
-    return None
+
+
+def _is_empty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) == 0
+    except OSError:
+        return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -15,6 +16,20 @@ from spcli.errors import InputError, RecordError
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
 ROLES = ("system", "user", "assistant", "tool", "developer")
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+# OpenAI batch body fields no engine here applies: each is refused by name unless it holds its no-op value
+UNSUPPORTED_BODY = {
+    "stop": ((None, [], ""), "stop sequences are not applied; generation stops at the model's end of sequence or --max-tokens"),
+    "top_p": ((None, 1, 1.0), "nucleus sampling is not applied (temperature sampling over the whole vocabulary)"),
+    "seed": ((None,), "rows are seeded from spcli run --seed and their id, not per request"),
+    "frequency_penalty": ((None, 0, 0.0), "penalties are not applied"),
+    "presence_penalty": ((None, 0, 0.0), "penalties are not applied"),
+    "logit_bias": ((None, {}), "logit biases are not applied"),
+    "response_format": ((None, {"type": "text"}), "structured output is not applied"),
+    "tools": ((None, []), "tool calls are not applied"),
+    "logprobs": ((None, False), "logprobs are set for the whole run with spcli run --logprobs N"),
+    "top_logprobs": ((None, 0), "logprobs are set for the whole run with spcli run --logprobs N"),
+}
+log = logging.getLogger("spcli")
 
 
 @dataclass(frozen=True)
@@ -67,9 +82,16 @@ def discover(inputs: tuple[str, ...] | list[str], exclude: str | Path | None = N
     paths: list[str] = []
     for item in inputs:
         if os.path.isdir(item):
-            found = sorted(str(p) for p in Path(item).rglob("*") if _is_shard_file(p, ex))
+            files = sorted(p for p in Path(item).rglob("*") if p.is_file() and (ex is None or ex not in p.resolve().parents))
+            found = [str(p) for p in files if _is_shard_file(p, ex)]
+            skipped = [os.path.relpath(p, item) for p in files if str(p) not in found]
             if not found:
-                raise InputError(f"{item}: directory has no shards (*.jsonl, *.jsonl.gz, *.parquet)")
+                raise InputError(f"{item}: directory has no shards (*.jsonl, *.jsonl.gz, *.parquet)"
+                                 + (f"; not shards: {_listed(skipped)}" if skipped else ""))
+            if skipped:
+                log.warning("%s: skipped %d file%s that %s not shards (*.jsonl, *.jsonl.gz, *.parquet): %s", item,
+                            len(skipped), "" if len(skipped) == 1 else "s", "is" if len(skipped) == 1 else "are",
+                            _listed(skipped))
             paths.extend(found)
         elif os.path.isfile(item):
             if shard_kind(item) is None:
@@ -84,6 +106,10 @@ def discover(inputs: tuple[str, ...] | list[str], exclude: str | Path | None = N
             raise InputError(f"{item}: no such file or directory")
     unique = list(dict.fromkeys(os.path.abspath(p) for p in paths))
     return [Shard(i, p, name) for i, (p, name) in enumerate(zip(unique, id_prefixes(unique)))]
+
+
+def _listed(names: list[str], most: int = 10) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def id_prefixes(paths: list[str]) -> list[str]:
@@ -180,6 +206,9 @@ def _openai_request(obj: dict, rec: Record) -> dict:
         raise RecordError(f"field 'body.n' must be 1 (one completion per request), got {body.get('n')!r}")
     if body.get("stream"):
         raise RecordError("field 'body.stream' must be false in a batch")
+    for key, (no_ops, why) in UNSUPPORTED_BODY.items():
+        if key in body and not any(body[key] == v and type(body[key]) is type(v) or body[key] is v for v in no_ops):
+            raise RecordError(f"field 'body.{key}' is not supported ({body[key]!r}): {why}; remove it from the request")
     return body
 
 
