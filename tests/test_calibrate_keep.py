@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from spcli.calibrate.keep import KeepForConfig, recommend, run_flags, sample_records
 from spcli.cli import app
-from spcli.config import ScoreConfig, SelectConfig
+from spcli.config import FieldConfig, ScoreConfig, SelectConfig
 from spcli.errors import ConfigError
 
 
@@ -72,9 +72,9 @@ def test_recommend_takes_the_smallest_kept_fraction_that_meets_the_target():
     assert recommend(summary, KeepForConfig(inputs=("x",), target_kl=0.2))["policy"] == 0.1
     assert recommend(summary, KeepForConfig(inputs=("x",), target_agreement=0.99)) is None
     flags = run_flags(KeepForConfig(inputs=("x",), select=SelectConfig(keep="auto", keep_scale=0.8)), "auto")
-    assert flags == "spcli run INPUT... --out DIR --model smollm2-135m --keep auto --keep-scale 0.8 --keep-min 0.05 --keep-max 0.5"
+    assert flags == "spcli run x --out DIR --model smollm2-135m --keep auto --keep-scale 0.8 --keep-min 0.05 --keep-max 0.5"
     flags = run_flags(KeepForConfig(inputs=("x",), select=SelectConfig(chunk=16), score=ScoreConfig(pool=5)), 0.2)
-    assert flags == "spcli run INPUT... --out DIR --model smollm2-135m --keep 0.2 --pool 5 --chunk 16"  # given flags only
+    assert flags == "spcli run x --out DIR --model smollm2-135m --keep 0.2 --pool 5 --chunk 16"  # given flags only
 
 
 def test_the_table_ends_with_the_closest_keep_per_criterion_as_run_flags_and_says_what_limits_it():
@@ -88,7 +88,7 @@ def test_the_table_ends_with_the_closest_keep_per_criterion_as_run_flags_and_say
     results = {"summary": summary, "target": {"metric": "prefix_match", "value": 0.9}, "num_sampled": 3,
                "num_valid_records": 4, "errors": [], "skipped": ["in.jsonl:line 2: malformed JSON (unexpected end)"],
                "config": cfg.to_dict(), "closest": closest(summary, cfg), "recommended": None, "flags": None}
-    flags = "spcli run INPUT... --out DIR --model smollm2-135m --keep"
+    flags = "spcli run x --out DIR --model smollm2-135m --keep"
     assert text_table(results).splitlines()[-6:] == [
         "skipped 1 bad record(s): in.jsonl:line 2: malformed JSON (unexpected end)",
         "warning: 3 sampled records: 95% bootstrap CIs from fewer than 30 are rough and wide; raise --samples (on more "
@@ -109,3 +109,28 @@ def test_bad_keep_for_flags_are_clear_errors(tmp_path, write_jsonl):
     assert isinstance(res.exception, ConfigError) and "INPUT files are for --keep-for" in str(res.exception)
     res = CliRunner().invoke(app, ["calibrate", "--keep-for"])
     assert isinstance(res.exception, ConfigError) and "--keep-for needs INPUT" in str(res.exception)
+
+
+def test_the_recommended_run_line_carries_the_users_inputs_and_field_flags():
+    """The issue: the `spcli run` line calibrate recommended left out the user's `--prompt-field body`."""
+    cfg = KeepForConfig(inputs=("data/tickets.parquet", "my data/b.jsonl"), fields=FieldConfig(prompt="body", id="ticket_id"),
+                        select=SelectConfig(keep="auto", min_tokens=100))
+    assert run_flags(cfg, 0.3) == ("spcli run data/tickets.parquet 'my data/b.jsonl' --out DIR --model smollm2-135m --keep 0.3 "
+                                   "--min-tokens 100 --prompt-field body --id-field ticket_id")
+
+
+def test_keep_for_reads_the_users_field_names(tmp_path, tiny_dir):
+    """calibrate --keep-for takes spcli run's --prompt-field / --id-field, and its recommendation repeats them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "tickets.parquet"
+    pq.write_table(pa.table({"ticket_id": [f"t{i}" for i in range(3)], "body": [r["prompt"] for r in records(3)]}), src)
+    out = tmp_path / "cal"
+    res = CliRunner().invoke(app, ["calibrate", "--keep-for", str(src), "--model", str(tiny_dir), "--speculator", "self:2",
+                                   "--lookahead", "0", "--window", "4", "--score-layers", "1", "--dtype", "float32",
+                                   "--samples", "3", "--keep", "0.5", "--min-tokens", "16", "--target-agreement", "0.01",
+                                   "--prompt-field", "body", "--id-field", "ticket_id", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"spcli run {src} --out DIR --model {tiny_dir} --speculator self:2 " in res.stdout
+    assert "--prompt-field body --id-field ticket_id" in res.stdout

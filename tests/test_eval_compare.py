@@ -134,3 +134,31 @@ def test_eval_auto_policy_is_matched_by_a_fixed_keep_and_compared_paired(tmp_pat
     assert {e["task"] for e in results["matched"]} == {"niah", "niah-scatter", "all"}
     assert "adaptive vs fixed keep at the same mean kept fraction" in res.output
     assert "auto:0.5 vs " in res.output and (out / "quality_niah-scatter.png").stat().st_size > 1000
+
+
+def test_eval_reads_the_users_field_names_as_spcli_run_does(tmp_path, tiny_dir):
+    """The issue: `spcli eval data/tickets.parquet` said "name yours with --prompt-field", and eval had no such flag."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import dataclasses
+
+    from spcli.config import FieldConfig
+    from spcli.evaluate.journal import fingerprint
+
+    src = tmp_path / "tickets.parquet"
+    pq.write_table(pa.table({"ticket_id": ["t1", "t2"], "body": ["word " * 300 + "Answer:", "note " * 280 + "Answer:"],
+                             "answer": ["blue", "red"]}), src)
+    args = ["eval", str(src), "--samples", "2", "--model", str(tiny_dir), "--speculator", "self:2", "--keep", "0.5,1.0",
+            "--selector", "specprefill", "--dtype", "float32", "--bootstrap", "200", "--max-tokens", "2",
+            "--compare-tokens", "2"]
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "e0")])
+    assert res.exit_code != 0 and "name yours with --prompt-field" in str(res.exception)
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "e1"), "--prompt-field", "body", "--id-field", "ticket_id"])
+    assert res.exit_code == 0, res.output
+    results = json.loads((tmp_path / "e1" / "results.json").read_text())
+    assert {e["task"] for e in results["summary"]} == {"input"}
+    assert results["config"]["fields"] | {"prompt": "body", "id": "ticket_id"} == results["config"]["fields"]
+    assert {r["id"] for r in results["rows"]} == {"t1", "t2"}, "ids from --id-field"
+    assert "fields" not in fingerprint({"fields": dataclasses.asdict(FieldConfig())}), \
+        "the default names leave older journals' fingerprints as they were"

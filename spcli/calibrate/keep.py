@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import shlex
 import time
 from dataclasses import dataclass, field
 
@@ -214,7 +215,12 @@ def run_flags(cfg: KeepForConfig, policy: float | str) -> str:
     user_score = {"window": cfg.score.window, "lookahead": cfg.score.lookahead, "score-layers": cfg.score.score_layers,
                   "pool": cfg.score.pool, "rows": cfg.score.rows, "chunk": cfg.select.chunk}
     flags += [f"--{k} {v}" for k, v in user_score.items() if v is not None]
-    return "spcli run INPUT... --out DIR " + " ".join(flags)
+    if cfg.select.min_tokens != SelectConfig().min_tokens:
+        flags.append(f"--min-tokens {cfg.select.min_tokens}")
+    default = FieldConfig()
+    flags += [f"--{name}-field {shlex.quote(getattr(cfg.fields, name))}" for name in ("prompt", "messages", "id")
+              if getattr(cfg.fields, name) != getattr(default, name)]
+    return f"spcli run {' '.join(map(shlex.quote, cfg.inputs))} --out DIR " + " ".join(flags)
 
 
 def run_keep(cfg: KeepForConfig, log=print) -> dict:

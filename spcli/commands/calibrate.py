@@ -45,8 +45,9 @@ def register(app: typer.Typer) -> None:
         lookahead: Annotated[Optional[int], typer.Option(help="--keep-for: as `spcli run --lookahead`. Default: the model's.", show_default=False)] = None,
         score_layers: Annotated[Optional[str], typer.Option(help="--keep-for: as `spcli run --score-layers`. Default: the model's.", show_default=False)] = None,
         speculator_chunk: Annotated[int, typer.Option(help="--keep-for: tokens per speculator prefill call, as `spcli run --speculator-chunk`.")] = SPECULATOR_CHUNK,
-        prompt_field: Annotated[str, typer.Option(help="--keep-for: input field holding prompt text.")] = "prompt",
-        messages_field: Annotated[str, typer.Option(help="--keep-for: input field holding chat messages.")] = "messages",
+        prompt_field: Annotated[str, typer.Option(help="--keep-for: INPUT field holding prompt text, as `spcli run --prompt-field`.")] = "prompt",
+        messages_field: Annotated[str, typer.Option(help="--keep-for: INPUT field holding chat messages, as `spcli run --messages-field`.")] = "messages",
+        id_field: Annotated[str, typer.Option(help="--keep-for: INPUT field holding the row id, as `spcli run --id-field`.")] = "id",
     ) -> None:
         """Sweep every speculator layer, window, pool, row aggregation and chunk for fact recall and cost; recommend the cheapest that meets --target-recall, or with --max-cost the best that fits the speed budget; print its `spcli run` flags.
 
@@ -68,7 +69,7 @@ def register(app: typer.Typer) -> None:
                              speculator_chunk=speculator_chunk,
                              select=dict(chunk=_one(chunk, "--chunk"), keep_scale=keep_scale, keep_min=keep_min, keep_max=keep_max, min_tokens=min_tokens),
                              score=dict(window=window, lookahead=lookahead, score_layers=score_layers, rows=rows),
-                             fields=dict(prompt=prompt_field, messages=messages_field))
+                             fields=dict(prompt=prompt_field, messages=messages_field, id=id_field))
         cfg = CalibrateConfig(
             out=out, model=model, speculator=speculator, tasks=split_list(tasks, str, "--tasks"),
             lengths=split_list(lengths, int, "--lengths"), samples=samples or 8, keeps=split_list(keep or "0.1,0.2", float, "--keep"),

@@ -53,8 +53,11 @@ def register(app: typer.Typer) -> None:
         dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there).")] = "auto",
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         html: Annotated[bool, typer.Option(help="Also write a self-contained report.html.")] = False,
+        prompt_field: Annotated[str, typer.Option(help="INPUT field holding prompt text, as `spcli run --prompt-field`.")] = "prompt",
+        messages_field: Annotated[str, typer.Option(help="INPUT field holding chat messages, as `spcli run --messages-field`.")] = "messages",
+        id_field: Annotated[str, typer.Option(help="INPUT field holding the row id, as `spcli run --id-field`.")] = "id",
     ) -> None:
-        from spcli.config import ScoreConfig, SelectConfig
+        from spcli.config import FieldConfig, ScoreConfig, SelectConfig
         from spcli.evaluate.config import EvalConfig, parse_variant, split_keeps, split_list
         from spcli.evaluate.matched import matched_table
         from spcli.evaluate.report import text_table
@@ -71,6 +74,7 @@ def register(app: typer.Typer) -> None:
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
                                 keep_min=keep_min, keep_max=keep_max),
             score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows),
+            fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),
         )
         results = run_eval(cfg, log=lambda msg: typer.echo(msg, err=True))
         typer.echo(text_table(results["summary"], html))

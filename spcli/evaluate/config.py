@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from spcli.config import DTYPES, SPECULATOR_CHUNK, ScoreConfig, SelectConfig, _check, check_speculator_chunk
+from spcli.config import DTYPES, SPECULATOR_CHUNK, FieldConfig, ScoreConfig, SelectConfig, _check, check_speculator_chunk
 from spcli.errors import ConfigError
 from spcli.evaluate.selectors import SELECTORS, USES_SPECULATOR, check_selectors
 from spcli.evaluate.tasks import TASKS
@@ -110,6 +110,7 @@ class EvalConfig:
     speculator_chunk: int = SPECULATOR_CHUNK  # tokens per speculator prefill call (memory only)
     select: SelectConfig = field(default_factory=lambda: SelectConfig(keep=1.0))  # keep is per run: `keeps`
     score: ScoreConfig = field(default_factory=ScoreConfig)
+    fields: FieldConfig = field(default_factory=FieldConfig)  # INPUT's field names, as `spcli run --prompt-field` ...
 
     def __post_init__(self) -> None:
         _check(bool(self.inputs) or bool(self.tasks), "give INPUT files or at least one --task")

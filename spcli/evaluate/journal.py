@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 
+from spcli.config import FieldConfig
 from spcli.errors import ConfigError
 from spcli.io.commit import atomic_write_bytes
 
@@ -29,6 +31,8 @@ def fingerprint(cfg_dict: dict, **resolved) -> dict:
     """What an example's rows depend on: the config without the report-only fields, plus `resolved` (dtype,
     speculators, scoring), as JSON values."""
     fields = {k: v for k, v in cfg_dict.items() if k not in NOT_FINGERPRINTED}
+    if fields.get("fields") == dataclasses.asdict(FieldConfig()):  # journals from before --prompt-field resume
+        del fields["fields"]
     return json.loads(json.dumps({**fields, **resolved}, default=str))
 
 

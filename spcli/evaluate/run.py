@@ -26,7 +26,7 @@ from spcli.profiles import describe, resolve
 def build_examples(cfg: EvalConfig, tokenizer, max_positions: int = 1 << 30, log=print) -> list[Example]:
     examples = task_examples(cfg.tasks, cfg.lengths, cfg.samples, cfg.seed, tokenizer, max_positions, log)
     if cfg.inputs:
-        examples += read_examples(cfg.inputs, cfg.samples)
+        examples += read_examples(cfg.inputs, cfg.samples, cfg.fields)
     return examples
 
 
