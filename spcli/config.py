@@ -184,6 +184,7 @@ class VllmConfig:
 
     tp: int | None = None  # tensor-parallel size
     max_model_len: int | None = None  # per-request KV capacity: kept tokens + max_tokens
+    max_prompt_len: int | None = None  # the speculator's longest prompt (its GPU reserve); None = the plan's default (spcli.plan.plan.default_prompt_len)
     gpu_memory_utilization: float | None = None  # None = computed to leave room for the speculator
     max_num_batched_tokens: int | None = None  # tokens per scheduler step; small = chunked prefill
     enforce_eager: bool | None = None  # None = eager on CPU (compiling costs minutes), compiled on GPU
@@ -199,6 +200,7 @@ class VllmConfig:
                f"--speculator-placement must be one of {', '.join(PLACEMENTS)}, got {self.speculator_placement!r}")
         _check(self.tp is None or self.tp >= 1, f"--tp must be >= 1, got {self.tp}")
         _check(self.max_model_len is None or self.max_model_len >= 1, f"--max-model-len must be >= 1, got {self.max_model_len}")
+        _check(self.max_prompt_len is None or self.max_prompt_len >= 1, f"--max-prompt-len must be >= 1, got {self.max_prompt_len}")
         _check(self.gpu_memory_utilization is None or 0.0 < self.gpu_memory_utilization <= 1.0,
                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         _check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,

@@ -33,12 +33,12 @@ def hand_405b_plan():
     # Weights per GPU: matmuls 1 B (fp8), embeddings + LM head 2 B, split over 8; norms 2 B on each GPU.
     weights = (126 * L405_LAYER_MATMULS * 1 + 2 * L405_EMBED * 2) // 8 + (2 * 126 + 1) * 16384 * 2
     # The 8B speculator, paper's recipe (look-ahead 8, all 32 layers, one prompt row: R = 9), prompts up to
-    # max_model_len 32768 (= the batched pass's 32768 tokens), chunks of 8192 tokens.
+    # --max-prompt-len 32768 (= the batched pass's 32768 tokens), chunks of 8192 tokens.
     reserve = (8_030_261_248 * 2  # weights, bf16
                + 2 * 32 * 8 * 128 * (32768 + 8) * 2  # the cache, all layers
                + 2 * 32 * 128 * 32768 * 2  # one layer's K, V repeated to 32 heads
                + 32 * 32 * 9 * 128 * 2  # query rows
-               + 8192 * (3 * 14336 + 4 * 4096) * 2  # activations of one chunk
+               + 32768 * (3 * 14336 + 4 * 4096) * 2  # one chunk of 8192 columns across a group's 4 rows
                + 2**24 * (1 + 2)  # one block of the chunk's mask (2^24 of its 8192 x 32768): booleans + a bf16 copy
                + 2 * 32 * 9 * 32768 * 4  # scoring, fp32
                + 2**30)  # CUDA context
@@ -63,7 +63,8 @@ def hand_405b_flops():
 
 def test_405b_fp8_with_an_8b_speculator_on_8_h100():
     hand = hand_405b_plan()
-    p = make_plan(PlanConfig(model="llama-405b-fp8", tp=8, gpu_memory_gib=80, length=32768, keep=0.1, batch=16))
+    p = make_plan(PlanConfig(model="llama-405b-fp8", tp=8, gpu_memory_gib=80, length=32768, keep=0.1, batch=16,
+                             max_prompt_len=32768))
     # The 50.6 GB counts 405e9 params at 1 B. Exactly: all 405.85e9 at 1 B, plus the second byte of
     # the bf16 embeddings and LM head (split over 8), plus the norms held whole (2 B) on every GPU.
     assert round(405e9 * 1 / 8 / 1e9, 1) == 50.6
@@ -71,11 +72,11 @@ def test_405b_fp8_with_an_8b_speculator_on_8_h100():
     assert hand["weights"] == 405_853_388_800 // 8 + 2 * L405_EMBED // 8 + (norms * 2 - norms // 8)
     assert p.base_weights == hand["weights"] == 51_264_782_336  # 51.26 GB
     assert p.kv_per_token == 126 * 2 * 1 * 128 * 2 == 64_512  # one KV head per GPU at tp 8
-    assert p.reserve.total == hand["reserve"] and round(hand["reserve"] / 1e9, 2) == 23.07
-    assert p.gpu_memory_utilization == hand["util"] == 0.73
-    assert p.kv_bytes == hand["kv_bytes"] and p.kv_tokens == hand["kv_tokens"] == 130_848
-    assert p.prompts_at_once == 130_848 // (3277 + 64) == 39 and p.full_prompts_at_once == 3
-    fp8 = make_plan(PlanConfig(model="llama-405b-fp8", length=32768, kv_cache_dtype="fp8"))
+    assert p.reserve.total == hand["reserve"] and round(hand["reserve"] / 1e9, 2) == 25.99
+    assert p.gpu_memory_utilization == hand["util"] == 0.69
+    assert p.kv_bytes == hand["kv_bytes"] and p.kv_tokens == hand["kv_tokens"] == 77_584
+    assert p.prompts_at_once == 77_584 // (3277 + 64) == 23 and p.full_prompts_at_once == 2
+    fp8 = make_plan(PlanConfig(model="llama-405b-fp8", length=32768, kv_cache_dtype="fp8", max_prompt_len=32768))
     assert fp8.kv_per_token == 32_256 and fp8.kv_tokens == hand["kv_bytes"] // (32_256 * 16) * 16
 
 
@@ -98,7 +99,7 @@ def test_smollm2_from_its_folder_on_one_gpu(smollm2_dir):
     spec_params = 49152 * 576 + 15 * layer + 576
     n, t = 8192, 32768  # prompts up to max_position_embeddings 8192; one batched pass holds up to 32768 tokens
     reserve = (spec_params * 2 + 2 * 15 * 3 * 64 * t * 2 + 2 * 9 * 64 * t * 2 + 1 * 9 * 32 * 64 * 2
-               + 8192 * (3 * 1536 + 4 * 576) * 2 + 2**24 * (1 + 2) + 2 * 9 * 32 * n * 4 + 2**30)
+               + 32768 * (3 * 1536 + 4 * 576) * 2 + 2**24 * (1 + 2) + 2 * 9 * 32 * n * 4 + 2**30)  # 4 rows x 8192
     total = 16 * 2**30
     util = math.floor(100 * (total - reserve) / total) / 100
     kv_bytes = int(util * total) - params * 2 - 3 * 10**9
@@ -108,7 +109,7 @@ def test_smollm2_from_its_folder_on_one_gpu(smollm2_dir):
     assert p.base.source == str(smollm2_dir / "config.json") and p.tp == 1
     assert p.base.num_params == params and p.speculator.num_params == spec_params
     assert p.base_weights == params * 2 and p.kv_per_token == 30 * 2 * 3 * 64 * 2 == 23_040
-    assert p.reserve.total == reserve and p.gpu_memory_utilization == util == 0.89
+    assert p.reserve.total == reserve and p.gpu_memory_utilization == util == 0.87
     assert p.kv_tokens == kv_bytes // (23_040 * 16) * 16
     lm, m = 2 * 49152 * 576, 410
     matmuls = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
@@ -121,16 +122,18 @@ def test_smollm2_from_its_folder_on_one_gpu(smollm2_dir):
 
 def test_plan_cli_prints_the_numbers():
     res = CliRunner().invoke(app, ["plan", "--model", "llama-405b-fp8", "--tp", "8", "--gpu-memory", "80",
-                                   "--length", "32768", "--keep", "0.1", "--batch", "16"])
+                                   "--length", "32768", "--keep", "0.1", "--batch", "16", "--max-prompt-len", "32768"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     for expected in (
         "GPUs        8 x 80 GiB = 85.90 GB each (GB = 10^9 B)",
-        "  gpu_memory_utilization             0.73   floor(100 x (85.90 - 23.07) / 85.90) / 100, at most 0.9; "
+        "  gpu_memory_utilization             0.69   floor(100 x (85.90 - 25.99) / 85.90) / 100, at most 0.9; "
         "one value for every rank",
         "  KV per token                   64,512 B   126 layers x 2 (K, V) x 1 KV heads x 128 x 2 B (bfloat16)",
-        "  KV capacity              130,848 tokens   whole blocks of 16",
-        "  prompts at once                      39   at keep 0.1, 3341 tokens each; full prefill 3 (32832 each)",
+        "  KV capacity               77,584 tokens   whole blocks of 16",
+        "  prompts at once                      23   at keep 0.1, 3341 tokens each; full prefill 2 (32832 each)",
+        "  speculator reserve             25.99 GB   weights 16.06, kv 4.30, repeated_kv 0.54, activations 3.89, mask "
+        "0.05, scoring 0.08, context 1.07; prompts up to 32768 (--max-prompt-len), chunk 8192",
         "  placement driver                  3.58x   full / (pruned + 8 x speculator): it runs on GPU 0 alone while "
         "7 GPUs wait",
         "  placement workers                 9.00x   full / (pruned + 1 x speculator): each of 8 ranks scores 2 of "
@@ -154,8 +157,12 @@ def test_bad_plans_are_refused_with_the_flag_named():
                       (dict(keep=0.0), "--keep"), (dict(speculator_chunk=0), "--speculator-chunk")):
         with pytest.raises(ConfigError, match=match):
             PlanConfig(**kw)
-    with pytest.raises(ConfigError, match="--length 65536 exceeds max_model_len 32768"):
+    # the default --max-prompt-len: the longest (in steps of 1024) whose reserve leaves one 32768-token request room
+    assert make_plan(PlanConfig(length=53248)).max_prompt_len == 53248
+    with pytest.raises(ConfigError, match="--length 65536 exceeds max_prompt_len 53248: pass --max-prompt-len"):
         make_plan(PlanConfig(length=65536))
+    with pytest.raises(ConfigError, match="needs 32832 KV tokens per request .* beyond max_model_len 32768"):
+        make_plan(PlanConfig(length=32768, keep=1.0))
     with pytest.raises(ConfigError, match="transformers cannot run its quantized layers"):
         make_plan(PlanConfig(speculator="self:8", score=ScoreConfig(lookahead=0, window=32, score_layers="7")))
     long = CliRunner().invoke(app, ["plan", "--max-model-len", "131072"])  # the 8B's cache for 131072 tokens: 17.2 GB

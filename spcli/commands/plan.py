@@ -29,7 +29,8 @@ def register(app: typer.Typer) -> None:
         placement: Annotated[Optional[str], typer.Option(help="driver or workers. Default: both.")] = None,
         kv_cache_dtype: Annotated[str, typer.Option(help="auto (the model's dtype) or fp8.")] = "auto",
         speculator_chunk: Annotated[int, typer.Option(help="Tokens the speculator prefills per forward (its activations).")] = 8192,
-        max_model_len: Annotated[Optional[int], typer.Option(help="Longest request; sizes the speculator's cache. Default: the model's.")] = None,
+        max_model_len: Annotated[Optional[int], typer.Option(help="The base's longest request (kept + generated tokens). Default: the preset's, else the model's context.")] = None,
+        max_prompt_len: Annotated[Optional[int], typer.Option(help="The speculator's longest prompt; sizes its reserve. Default: the base's positions, or the longest whose reserve leaves room for one --max-model-len request.")] = None,
         lookahead: Annotated[Optional[int], typer.Option(help="Speculator look-ahead tokens. Default: the model's.")] = None,
         window: Annotated[Optional[int], typer.Option(help="Last W prompt tokens' queries score. Default: the model's.")] = None,
         score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score. Default: the model's.")] = None,
@@ -41,6 +42,6 @@ def register(app: typer.Typer) -> None:
         cfg = PlanConfig(
             model=model, speculator=speculator, tp=tp, gpu_memory_gib=gpu_memory, length=length, keep=keep, batch=batch,
             max_tokens=max_tokens, placement=placement, kv_cache_dtype=kv_cache_dtype, speculator_chunk=speculator_chunk,
-            max_model_len=max_model_len, score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers),
+            max_model_len=max_model_len, max_prompt_len=max_prompt_len, score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers),
         )
         typer.echo("\n".join(plan_lines(make_plan(cfg))))

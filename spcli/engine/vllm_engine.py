@@ -92,22 +92,22 @@ class VllmEngine:
                   if self.placement == "workers" and self.source is not None else None)
         self.stack = dataclasses.replace(
             stack, max_positions=runner.max_positions, speculate_remote=remote, max_prompt_len=max_prompt_len,
-            prompt_len_flag="--max-model-len (it sizes the speculator's share of the GPU)" if max_prompt_len else "")
+            prompt_len_flag="--max-prompt-len (it sizes the speculator's share of the GPU)" if max_prompt_len else "")
 
     def _start_runner(self, current_platform, stack: load.ModelStack):
         """(the runner, the longest prompt the speculator's reserve is sized for, or None without a reserve)."""
         from spcli.engine.vllm_pass import VllmRunner, VllmRunnerConfig
 
         args = engine_args(self.cfg, stack.path, current_platform.is_cpu())
-        max_prompt_len = None
+        max_prompt_len = self.cfg.vllm.max_prompt_len  # None: the base's positions (tokenize's own bound)
         if current_platform.is_cpu():
             for key, value in cpu_env_defaults(args["tensor_parallel_size"]).items():
                 os.environ.setdefault(key, value)
         elif "gpu_memory_utilization" not in args and self._shares_gpu(args["tensor_parallel_size"], stack.device):
             index = (stack.device.index or 0) if self.placement == "driver" else 0
             total = current_platform.get_device_total_memory(index)  # NVML: no CUDA init here
-            share = self._speculator_share(args["max_model_len"], total, stack.dtype)
-            max_prompt_len = self._reserve_tokens(args["max_model_len"])  # longer: an error row, not an OOM
+            max_prompt_len = self._reserve_tokens(args, total, stack)  # longer: an error row, not an OOM
+            share = self._speculator_share(max_prompt_len, total, stack.dtype)
             args["gpu_memory_utilization"] = share.gpu_memory_utilization
             where = "on every GPU" if self.placement == "workers" else f"on {stack.device}"
             self.log(f"speculator reserve {share.reserve.total / GiB:.1f} GiB of {total / GiB:.1f} GiB {where}: "
@@ -124,20 +124,32 @@ class VllmEngine:
             return True
         return device.type == "cuda" and (device.index or 0) < tp
 
-    def _reserve_tokens(self, max_model_len: int | None) -> int:
-        """The longest prompt the reserve is sized for: max_model_len (as plain vLLM would take it) within the
-        base's RoPE table."""
-        max_positions = int(self.model_config.get("max_position_embeddings", 1 << 17))
-        return min(max_model_len or max_positions, max_positions)
+    def _reserve_tokens(self, args: dict, total_bytes: int, stack: load.ModelStack) -> int:
+        """The longest prompt the reserve is sized for: --max-prompt-len, by default the plan's (the base's positions
+        where the reserve for them leaves vLLM one max_model_len request, else the longest that does:
+        plan.default_prompt_len). The base holds only kept tokens: --max-model-len bounds kept + generated."""
+        from spcli.plan.memory import KV_CACHE_BYTES
+        from spcli.plan.plan import default_prompt_len
+        from spcli.plan.shapes import DTYPE_BYTES, ModelShape
 
-    def _speculator_share(self, max_model_len: int | None, total_bytes: int, dtype: str):
-        """The plan's (spcli/plan/memory.py): the reserve for prompts up to max_model_len, the utilization."""
+        max_positions = int(self.model_config.get("max_position_embeddings", 1 << 17))
+        if self.cfg.vllm.max_prompt_len:
+            return min(self.cfg.vllm.max_prompt_len, max_positions)
+        base = ModelShape.from_folder(stack.path)  # a stored quantization counts in its headers' bytes
+        spec = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
+        b = DTYPE_BYTES[stack.dtype]
+        return default_prompt_len(base, spec, self.cfg.score, self.cfg.speculator_chunk, total_bytes, b,
+                                  args["tensor_parallel_size"], args["engine_kwargs"].get("quantization"),
+                                  KV_CACHE_BYTES.get(args["kv_cache_dtype"], b), args["max_model_len"] or max_positions)
+
+    def _speculator_share(self, max_prompt_len: int, total_bytes: int, dtype: str):
+        """The plan's (spcli/plan/memory.py): the reserve for prompts up to max_prompt_len, the utilization."""
         from spcli.plan.memory import speculator_share
         from spcli.plan.shapes import DTYPE_BYTES, ModelShape
 
         shape = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
-        return speculator_share(shape, self.cfg.score, self._reserve_tokens(max_model_len), self.cfg.speculator_chunk,
-                                total_bytes, DTYPE_BYTES[dtype])
+        return speculator_share(shape, self.cfg.score, max_prompt_len, self.cfg.speculator_chunk, total_bytes,
+                                DTYPE_BYTES[dtype])
 
     def check(self, req: PrunedRequest) -> None:
         self.runner.check(req)  # e.g. kept + max_tokens > max_model_len

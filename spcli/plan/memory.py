@@ -79,18 +79,38 @@ def layers_run(shape: ModelShape, score: ScoreConfig) -> int:
     return shape.num_layers if score.lookahead else score.layers(shape.num_layers)[-1] + 1
 
 
-def speculator_reserve(shape: ModelShape, num_tokens: int, score: ScoreConfig, dtype_bytes: int,
-                       chunk: int = SPECULATOR_CHUNK) -> Reserve:
-    """GPU bytes the speculator (`shape`: the layers it loads; `score` resolved) holds for prompts of
-    up to N = num_tokens tokens, prefilled C = chunk tokens per forward.
+def batched_chunk_tokens(num_tokens: int, chunk: int, min_prompt: int = 1) -> int:
+    """Tokens one speculator forward holds in flight for prompts of min_prompt .. N = num_tokens tokens.
 
-    T = max(N, SPECULATOR_BATCH_TOKENS) tokens of one batched pass, c = min(C, T) of them in flight,
-    L_r layers run (`layers_run`), S scored layers, R = W + A query rows (W window rows, A look-ahead),
-    b bytes per element:
+    speculate.prefill runs `chunk` columns across all B rows of a group at once, and a group holds up to
+    T_b = SPECULATOR_BATCH_TOKENS padded tokens (spcli/engine/prepare.py; a longer prompt goes alone). Rows of
+    width w: B(w) = max(1, T_b // w) of them, min(C, w) columns each, so
+
+        c = max over min_prompt <= w <= N of  B(w) * min(C, w)
+
+    (about T_b where prompts of C tokens or fewer can be batched: many short prompts fill one group whole),
+    not min(C, N), which counts one row.
+    """
+    from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS  # the batched pass's size (imports torch)
+
+    lo, hi = max(1, min(min_prompt, num_tokens)), num_tokens
+    widths = range(lo, min(hi, SPECULATOR_BATCH_TOKENS) + 1)  # w > T_b goes alone: min(C, w) <= min(C, N)
+    return max([min(chunk, hi), *(max(1, SPECULATOR_BATCH_TOKENS // w) * min(chunk, w) for w in widths)])
+
+
+def speculator_reserve(shape: ModelShape, num_tokens: int, score: ScoreConfig, dtype_bytes: int,
+                       chunk: int = SPECULATOR_CHUNK, min_prompt: int = 1) -> Reserve:
+    """GPU bytes the speculator (`shape`: the layers it loads; `score` resolved) holds for prompts of
+    min_prompt .. N = num_tokens tokens (N: --max-prompt-len), prefilled C = chunk columns per forward.
+
+    T = max(N, SPECULATOR_BATCH_TOKENS) padded tokens of one batched pass, c = batched_chunk_tokens(N, C)
+    of them in flight (C columns across all the group's rows), L_r layers run (`layers_run`), S scored
+    layers, R = W + A query rows (W window rows, A look-ahead), b bytes per element:
 
         W      = P * b                                weights (P parameters of the layers loaded)
-        KV     = 2 * L_r * KVH * D * (T + A) * b      the cache: later chunks (and the look-ahead) attend to it
-               = (S + 2) * KVH * D * T * b            one chunk, early exit: the scored layers' keys, one layer's k, v
+        KV     = 2 * L_r * KVH * D * (T + A) * b      the cache: later chunks (and the look-ahead) attend to it; a
+                                                      single pass (one chunk) fills the same DynamicCache layer by
+                                                      layer as it runs, so it holds as much before early exit drops it
         REP    = 2 * H * D * T * b                    one layer's K, V repeated to every query head (sdpa with a mask)
         Q      = S * H * R * D * b                    the scored query rows
         ACT    = c * (3 * I + 4 * h) * b              one decoder layer's peak: 3 MLP intermediates, 4 hidden-size tensors
@@ -100,26 +120,23 @@ def speculator_reserve(shape: ModelShape, num_tokens: int, score: ScoreConfig, d
         CTX    = 1 GiB                                the CUDA context and allocator slack
         reserve = W + KV + REP + Q + ACT + MASK + SC + CTX
 
-    Activations scale with C, the cache with N: the prompt cap is the base's max_model_len.
-    Llama-3.1-8B in bf16 at N = 32768, C = 8192, the paper's recipe (A = 8, every layer, R = 9):
-    16.06 + 4.30 + 0.54 + 0.00 + 0.97 + 0.05 + 0.08 + 1.07 = 23.07 GB.
+    Activations scale with c, the cache with N: the prompt cap is --max-prompt-len (default the base's
+    positions), not the base's max_model_len (which bounds kept + generated tokens only).
+    Llama-3.1-8B in bf16 at N = 32768, C = 8192, the paper's recipe (A = 8, every layer, R = 9): c = 32768
+    (four 8192-token prompts in one group), 16.06 + 4.30 + 0.54 + 0.00 + 3.89 + 0.05 + 0.08 + 1.07 = 25.99 GB.
     """
     from spcli.engine.capture import MASK_ELEMENTS  # (imports transformers)
-    from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS  # the batched pass's size (imports torch)
+    from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS
 
     n, b = num_tokens, dtype_bytes
     t = max(n, SPECULATOR_BATCH_TOKENS)
-    c = min(chunk, t)
+    c = batched_chunk_tokens(n, chunk, min_prompt)
     a = score.lookahead or 0
     rows = score.num_prompt_rows + a
     scored = len(score.layers(shape.num_layers))
     kvh, d, h = shape.num_kv_heads, shape.head_dim, shape.num_heads
-    if a or c < t:
-        kv = 2 * layers_run(shape, score) * kvh * d * (t + a) * b
-    else:
-        kv = (scored + 2) * kvh * d * t * b
     return Reserve(
-        weights=shape.num_params * b, kv=kv, repeated_kv=2 * h * d * t * b if h > kvh else 0,
+        weights=shape.num_params * b, kv=2 * layers_run(shape, score) * kvh * d * (t + a) * b, repeated_kv=2 * h * d * t * b if h > kvh else 0,
         queries=scored * h * rows * d * b, activations=c * (3 * shape.intermediate_size + 4 * shape.hidden_size) * b,
         mask=min(c * t, MASK_ELEMENTS) * (1 + b), scoring=2 * h * rows * n * 4, context=CONTEXT_BYTES,
     )
@@ -137,7 +154,7 @@ def gpu_memory_utilization(total_bytes: int, reserve_bytes: int) -> float:
     if share < MIN_GPU_MEMORY_UTILIZATION:
         raise ConfigError(
             f"the speculator needs {reserve_bytes / GiB:.1f} GiB of the GPU's {total_bytes / GiB:.1f} GiB, "
-            "leaving too little for the base model: lower --max-model-len (it bounds the speculator's "
+            "leaving too little for the base model: lower --max-prompt-len (it bounds the speculator's "
             "prompt) or --speculator-chunk, or use a smaller speculator"
         )
     return min(DEFAULT_GPU_MEMORY_UTILIZATION, share)
@@ -149,12 +166,13 @@ class SpeculatorShare:
     gpu_memory_utilization: float
 
 
-def speculator_share(speculator: ModelShape, score: ScoreConfig, max_model_len: int, chunk: int,
-                     gpu_total_bytes: int, dtype_bytes: int) -> SpeculatorShare:
+def speculator_share(speculator: ModelShape, score: ScoreConfig, max_prompt_len: int, chunk: int,
+                     gpu_total_bytes: int, dtype_bytes: int, min_prompt: int = 1) -> SpeculatorShare:
     """The engine's entry point, placement workers: one speculator replica on every GPU, sized for
-    prompts up to max_model_len prefilled `chunk` tokens at a time; the same utilization on every rank.
-    (Placement driver reserves the same on GPU 0, and vLLM takes that utilization on every rank too.)"""
-    reserve = speculator_reserve(speculator, max_model_len, score, dtype_bytes, chunk)
+    prompts up to max_prompt_len (--max-prompt-len) prefilled `chunk` columns at a time; the same
+    utilization on every rank. (Placement driver reserves the same on GPU 0, and vLLM takes that
+    utilization on every rank too.)"""
+    reserve = speculator_reserve(speculator, max_prompt_len, score, dtype_bytes, chunk, min_prompt)
     return SpeculatorShare(reserve, gpu_memory_utilization(gpu_total_bytes, reserve.total))
 
 
@@ -166,3 +184,30 @@ def kv_cache_bytes_per_gpu(gpu_total_bytes: int, utilization: float, weights_per
 def kv_capacity_tokens(kv_bytes: int, kv_per_token: int) -> int:
     """Whole blocks of VLLM_BLOCK_SIZE tokens that fit in kv_bytes (0 when nothing fits)."""
     return max(0, kv_bytes // (kv_per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE
+
+
+PROMPT_LEN_STEP = 1024  # the default --max-prompt-len is searched in steps of this
+
+
+def kv_tokens_beside(reserve_bytes: int, total_bytes: int, weights_per_gpu: int, kv_per_token: int) -> int:
+    """KV capacity per GPU (tokens) with a speculator reserve of reserve_bytes; 0 where vLLM gets too little."""
+    try:
+        util = gpu_memory_utilization(total_bytes, reserve_bytes)
+    except ConfigError:
+        return 0
+    return kv_capacity_tokens(kv_cache_bytes_per_gpu(total_bytes, util, weights_per_gpu), kv_per_token)
+
+
+def default_prompt_len(max_positions: int, max_model_len: int, kv_tokens_for) -> int:
+    """The default --max-prompt-len: the base's positions where a reserve sized for them still leaves vLLM the KV
+    cache for one request of max_model_len (else vLLM refuses to start); otherwise the longest multiple of
+    PROMPT_LEN_STEP that does (0: none). kv_tokens_for(n): the KV capacity with the reserve sized for n tokens,
+    which falls as n grows."""
+    fits = lambda n: kv_tokens_for(n) >= max_model_len
+    if fits(max_positions):
+        return max_positions
+    lo, hi = 0, max_positions // PROMPT_LEN_STEP  # fits(lo * STEP) assumed, fits(hi * STEP) unknown
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid * PROMPT_LEN_STEP) else (lo, mid - 1)
+    return lo * PROMPT_LEN_STEP

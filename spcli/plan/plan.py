@@ -18,7 +18,6 @@ from spcli.plan.memory import GiB, Reserve
 from spcli.plan.shapes import DTYPE_BYTES, ModelShape
 
 KV_CACHE_DTYPES = ("auto", "fp8")
-LENGTH_STEP = 1024  # the longest max_model_len is searched in steps of this
 
 
 @dataclass(frozen=True)
@@ -35,6 +34,7 @@ class PlanConfig:
     kv_cache_dtype: str = "auto"
     speculator_chunk: int = SPECULATOR_CHUNK
     max_model_len: int | None = None  # None = the preset's, else the model's context
+    max_prompt_len: int | None = None  # the speculator's longest prompt (its reserve); None = the base's positions
     score: ScoreConfig = field(default_factory=ScoreConfig)  # unset fields: the model's defaults
 
     def __post_init__(self) -> None:
@@ -49,6 +49,7 @@ class PlanConfig:
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES, f"--kv-cache-dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
         _check(self.speculator_chunk >= 1, f"--speculator-chunk must be >= 1, got {self.speculator_chunk}")
         _check(self.max_model_len is None or self.max_model_len >= 1, f"--max-model-len must be >= 1, got {self.max_model_len}")
+        _check(self.max_prompt_len is None or self.max_prompt_len >= 1, f"--max-prompt-len must be >= 1, got {self.max_prompt_len}")
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Plan:
     quantization: str | None
     dtype: str
     gpu_total_bytes: int
-    max_model_len: int
+    max_model_len: int  # the base's longest request: kept + generated tokens
+    max_prompt_len: int  # the speculator's longest prompt, which its reserve is sized for
     kv_bytes_per_element: int
     base_weights: int  # per GPU
     reserve: Reserve | None  # per GPU
@@ -71,7 +73,7 @@ class Plan:
     kv_per_token: int  # per GPU
     kv_tokens: int  # per GPU
     kept_tokens: int  # per prompt: ceil(keep * n)
-    longest_max_model_len: int  # the longest max_model_len whose KV fits, the reserve sized for it (0: none)
+    longest_max_model_len: int  # the longest max_model_len whose KV fits beside the reserve (0: none)
     limits: tuple[SpeedupLimit, ...]
 
     @property
@@ -95,6 +97,20 @@ def speculator_shape(base: ModelShape, model: str, name: str, score: ScoreConfig
     return base.first_layers(score.layers(k or base.num_layers)[-1] + 1)
 
 
+def default_prompt_len(base: ModelShape, spec: ModelShape, score: ScoreConfig, chunk: int, total_bytes: int,
+                       dtype_bytes: int, tp: int, quantization: str | None, kv_element_bytes: int,
+                       max_model_len: int) -> int:
+    """The default --max-prompt-len, for `spcli plan` and the vllm engine alike: the base's positions where the
+    speculator's reserve for them leaves vLLM the KV cache of one max_model_len request, else the longest
+    multiple of memory.PROMPT_LEN_STEP that does (the base's positions where none does: the plan says it does
+    not fit)."""
+    weights = memory.base_weight_bytes_per_gpu(base, tp, quantization)
+    kv_per_token = memory.kv_bytes_per_token_per_gpu(base, tp, kv_element_bytes)
+    kv_tokens_for = lambda n: memory.kv_tokens_beside(
+        memory.speculator_reserve(spec, n, score, dtype_bytes, chunk).total, total_bytes, weights, kv_per_token)
+    return memory.default_prompt_len(base.max_position_embeddings, max_model_len, kv_tokens_for) or base.max_position_embeddings
+
+
 def make_plan(cfg: PlanConfig) -> Plan:
     preset = models.PRESETS.get(cfg.model)
     base = model_shape(cfg.model)
@@ -106,52 +122,42 @@ def make_plan(cfg: PlanConfig) -> Plan:
     score = profiles.resolve_score(cfg.score, cfg.model, local_folder(cfg.model), name)
     spec = speculator_shape(base, cfg.model, name, score, quantization) if cfg.keep < 1.0 else None
     max_model_len = cfg.max_model_len or (preset.max_model_len if preset else None) or base.max_position_embeddings
-    _check(cfg.length <= max_model_len, f"--length {cfg.length} exceeds max_model_len {max_model_len}: "
-                                        "pass --max-model-len (it sizes the speculator's cache)")
     total = int(cfg.gpu_memory_gib * GiB)
     kv_element = memory.KV_CACHE_BYTES.get(cfg.kv_cache_dtype, DTYPE_BYTES[dtype])
     weights = memory.base_weight_bytes_per_gpu(base, tp, quantization)
     kv_per_token = memory.kv_bytes_per_token_per_gpu(base, tp, kv_element)
 
-    def kv_at(num_tokens: int) -> tuple[Reserve | None, float, int]:
-        """(reserve, utilization, KV bytes per GPU) with the speculator sized for prompts of num_tokens."""
+    max_prompt_len = min(cfg.max_prompt_len or base.max_position_embeddings, base.max_position_embeddings)
+    if cfg.max_prompt_len is None and spec is not None:
+        max_prompt_len = default_prompt_len(base, spec, score, cfg.speculator_chunk, total, DTYPE_BYTES[dtype], tp,
+                                            quantization, kv_element, max_model_len)
+    _check(cfg.length <= max_prompt_len, f"--length {cfg.length} exceeds max_prompt_len {max_prompt_len}: "
+                                         "pass --max-prompt-len (it sizes the speculator's cache)")
+    kept = math.ceil(cfg.keep * cfg.length) + cfg.max_tokens
+    _check(kept <= max_model_len, f"--length {cfg.length} at --keep {cfg.keep:g} needs {kept} KV tokens per request "
+                                  f"(kept + --max-tokens), beyond max_model_len {max_model_len}: pass --max-model-len")
+
+    def kv_at() -> tuple[Reserve | None, float, int]:
+        """(reserve, utilization, KV bytes per GPU) with the speculator sized for prompts of max_prompt_len."""
         if spec is None:
             util = memory.DEFAULT_GPU_MEMORY_UTILIZATION
             return None, util, memory.kv_cache_bytes_per_gpu(total, util, weights)
-        share = memory.speculator_share(spec, score, num_tokens, cfg.speculator_chunk, total, DTYPE_BYTES[dtype])
+        share = memory.speculator_share(spec, score, max_prompt_len, cfg.speculator_chunk, total, DTYPE_BYTES[dtype])
         return share.reserve, share.gpu_memory_utilization, memory.kv_cache_bytes_per_gpu(
             total, share.gpu_memory_utilization, weights)
 
-    reserve, util, kv_bytes = kv_at(max_model_len)
+    reserve, util, kv_bytes = kv_at()
+    kv_tokens = memory.kv_capacity_tokens(kv_bytes, kv_per_token)
     placements = (cfg.placement,) if cfg.placement else PLACEMENTS
     limits = () if spec is None else tuple(
         speedup_limit(base, spec, score, cfg.length, cfg.keep, cfg.batch, tp, p) for p in placements)
     return Plan(
         cfg=cfg, base=base, speculator=spec, speculator_name=name, score=score, tp=tp, quantization=quantization,
-        dtype=dtype, gpu_total_bytes=total, max_model_len=max_model_len, kv_bytes_per_element=kv_element,
+        dtype=dtype, gpu_total_bytes=total, max_model_len=max_model_len, max_prompt_len=max_prompt_len,
+        kv_bytes_per_element=kv_element,
         base_weights=weights, reserve=reserve, gpu_memory_utilization=util, kv_bytes=kv_bytes,
-        kv_per_token=kv_per_token, kv_tokens=memory.kv_capacity_tokens(kv_bytes, kv_per_token),
+        kv_per_token=kv_per_token, kv_tokens=kv_tokens,
         kept_tokens=math.ceil(cfg.keep * cfg.length),
-        longest_max_model_len=_longest(base.max_position_embeddings, lambda n: _fits(kv_at, n, kv_per_token)),
+        longest_max_model_len=min(base.max_position_embeddings, kv_tokens),  # one request of it fits the KV cache
         limits=limits,
     )
-
-
-def _fits(kv_at, num_tokens: int, kv_per_token: int) -> bool:
-    """vLLM starts only when one request of max_model_len tokens fits in the KV cache."""
-    try:
-        return memory.kv_capacity_tokens(kv_at(num_tokens)[2], kv_per_token) >= num_tokens
-    except ConfigError:  # the speculator leaves too little of the GPU
-        return False
-
-
-def _longest(max_positions: int, fits) -> int:
-    """The largest multiple of LENGTH_STEP up to max_positions (or max_positions itself) that fits; 0 if none.
-    fits is monotone: a longer max_model_len needs more KV and a larger speculator reserve."""
-    if fits(max_positions):
-        return max_positions
-    lo, hi = 0, max_positions // LENGTH_STEP  # fits(lo * STEP) assumed (0 trivially), fits(hi * STEP) unknown
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid * LENGTH_STEP) else (lo, mid - 1)
-    return lo * LENGTH_STEP

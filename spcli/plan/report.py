@@ -41,7 +41,7 @@ def _memory_lines(p: Plan) -> list[str]:
         util_note = "vLLM's default"
     else:
         terms = ", ".join(f"{name} {getattr(r, name) / GB:.2f}" for name in RESERVE_TERMS if getattr(r, name))
-        reserve = [_row("speculator reserve", _gb(r.total), f"{terms}; prompts up to {p.max_model_len}, "
+        reserve = [_row("speculator reserve", _gb(r.total), f"{terms}; prompts up to {p.max_prompt_len} (--max-prompt-len), "
                         f"chunk {cfg.speculator_chunk}")]
         util_note = f"floor(100 x ({total_gb:.2f} - {r.total / GB:.2f}) / {total_gb:.2f}) / 100, at most 0.9; one value for every rank"
     kept = p.kept_tokens + cfg.max_tokens
@@ -59,7 +59,7 @@ def _memory_lines(p: Plan) -> list[str]:
         _row("prompts at once", f"{p.prompts_at_once}", f"at keep {cfg.keep:g}, {kept} tokens each; full prefill "
              f"{p.full_prompts_at_once} ({cfg.length + cfg.max_tokens} each)"),
         _row("longest max_model_len", f"{p.longest_max_model_len:,} tokens",
-             "one request of it fits the KV cache, the reserve sized for it"),
+             "one request of it fits the KV cache beside the reserve"),
     ]
     if p.kv_tokens < p.max_model_len:
         lines.append(f"  DOES NOT FIT: max_model_len {p.max_model_len:,} > KV capacity {p.kv_tokens:,} tokens "
