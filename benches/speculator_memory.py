@@ -21,7 +21,7 @@ process. Printed per row:
 
     .venv/bin/python benches/speculator_memory.py                          # quick: n = 256..1024, chunk 128
     .venv/bin/python benches/speculator_memory.py --lengths 8192,16384,32768,65536 --chunk 8192 \
-        --heads 4 --kv-heads 1 --layer 1 --one-call-max 16384 [--mmap-threshold 131072]   # the README's sweep
+        --heads 4 --kv-heads 1 --layer 1 --one-call-max 16384 [--mmap-threshold 131072]   # the sweep in docs/results.md
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Three settings, each measured in one run on the same prompts (best of interleave
 
     limit = 1 / (kept + speculator share)     (shares of the full-prefill TTFT)
 
-    .venv/bin/python benches/ttft.py                  # the README table (minutes on 2 CPU cores)
+    .venv/bin/python benches/ttft.py                  # the table in docs/results.md (minutes on 2 CPU cores)
     .venv/bin/python benches/ttft.py --quick          # seconds: the random pair at 1024 tokens, one run
 """
 

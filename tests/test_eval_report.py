@@ -45,7 +45,7 @@ def test_every_column_is_explained_in_help_and_readme():
     names = [name for name, _ in COLUMN_HELP]
     assert set(headers()) | set(headers(compact=True)) <= set(names) | {"needle kept", "overlap/spec", "speedup*"}
     res = CliRunner().invoke(app, ["eval", "--help"], env={"COLUMNS": "200"})
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "eval.md").read_text()
     for name, text in COLUMN_HELP:
         assert f"{name}: {text}." in " ".join(res.output.replace("│", " ").split()), name
         assert f"`{name}`: {text}" in readme, name

@@ -66,8 +66,8 @@ def test_readme_model_table_matches_spcli_models():
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = readme.split("### Models", 1)[1].split("\n\n", 2)[1]
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "models.md").read_text()
+    table = readme.split("## Names", 1)[1].split("\n\n", 2)[1]
     rows = {m.group(1): [c.strip().strip("`") for c in m.group(0).split("|")[1:-1]]
             for m in re.finditer(r"^\| `([^`]+)` \|.*\|$", table, re.M)}
     table = CliRunner().invoke(app, ["models"]).output.split("\n\n")[0]  # the scoring lines follow a blank line

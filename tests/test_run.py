@@ -157,7 +157,7 @@ def test_readme_output_table_lists_every_column_with_its_type():
 
     from spcli.io.schema import output_schema
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "run.md").read_text()
     table = readme.split("**Output**", 1)[1].split("\n\n", 2)[1]
     documented = {}
     for names, types in re.findall(r"^\| (`[^|]+`) \| ([^|]+) \|", table, re.M):

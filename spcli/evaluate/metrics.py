@@ -53,7 +53,7 @@ def covered(kept: torch.Tensor, spans: list[tuple[int, int]]) -> float | None:
 
 def whole_facts(kept: torch.Tensor, spans: list[tuple[int, int]]) -> float | None:
     """Fraction of the spans ([start, end) pairs, one per fact sentence) kept whole, every token; None without spans.
-    An answer needs its fact entire: a number missing one token is a wrong number (README, "Choosing the layer")."""
+    An answer needs its fact entire: a number missing one token is a wrong number (docs/results.md, "Which layer, window, pool and chunk")."""
     if not spans:
         return None
     kept_set = set(kept.tolist())

@@ -30,7 +30,7 @@ COLUMNS = (  # header, how to read it from a summary entry[, digits]
 COMPACT = ("acc", "acc-full", "EM16", "KL", "needle kept", "overlap/spec", "speedup")
 SHORT = {"needle kept": "needle", "overlap/spec": "overlap", "speedup": "speedup*"}
 MIN_N = 30  # fewer examples per row: bootstrap CIs are too rough to compare selectors by
-COLUMN_HELP = (  # README and `spcli eval --help` explain the columns in these words
+COLUMN_HELP = (  # docs/guide/eval.md and `spcli eval --help` explain the columns in these words
     ("selector", "how tokens were chosen: full (full prefill, the reference), specprefill, random, recency, "
                  "sink-recency, self-information"),
     ("keep", "the keep rate asked for, or auto:P (keep auto with keep_scale P)"), ("n", "examples in the row"),

@@ -1,0 +1,66 @@
+"""The README and docs/: every relative link reaches a file (and its #anchor a heading); the README keeps
+its quick start, which CI (.ci/run) runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but - and _ dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    return {slug(m[1]) for m in re.finditer(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)  # code blocks hold no links
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [m[1] for m in LINK.finditer(text)]
+
+
+def test_slug_is_githubs():
+    assert slug("The CPU dtype: `--dtype auto`, SmolLM2-135M-Instruct") == "the-cpu-dtype---dtype-auto-smollm2-135m-instruct"
+    assert slug("Qwen2.5-Coder-1.5B with real speculators") == "qwen25-coder-15b-with-real-speculators"
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    checked = 0
+    for page in pages():
+        for target in links(page):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest})")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no heading #{anchor} in {dest.relative_to(ROOT)})")
+    assert checked > 50
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_readme_is_short_and_keeps_the_quick_start():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 300
+    assert "make demo" in readme and "make test" in readme  # .ci/run calls `make test`
+    assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "pip install '.[vllm]'" in readme and "specprefill-cli" in readme
+
+
+def test_every_command_has_a_guide():
+    guides = {p.stem for p in (ROOT / "docs" / "guide").glob("*.md")}
+    assert {"run", "inspect", "eval", "bench", "calibrate", "plan", "slurm", "models", "python"} <= guides
