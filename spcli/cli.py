@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import KEEP_SCALE, SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
+from spcli.config import KEEP_SCALE, MAX_UNIT, MIN_FREE, MIN_TOKENS, SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
 from spcli import help_panels
 from spcli.device import nvml_device_checks
 from spcli.errors import EXIT_FAILURE, SpcliError
@@ -78,12 +78,16 @@ def run(
     lookahead: Annotated[Optional[int], typer.Option(help="Greedy look-ahead tokens of the speculator, each a query row (the paper: 8). A truncated self:K decodes poor look-ahead tokens. Default: the model's (spcli models).")] = None,
     window: Annotated[Optional[int], typer.Option(help="The last W prompt tokens' queries score, each over the keys up to its own position; 0 = the last token only. Default: the model's.")] = None,
     score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score: all, I, I-J or I,J,... (negatives from the end). Without look-ahead the speculator stops after the last one. Default: the model's.")] = None,
-    chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
+    chunk: Annotated[Optional[int], typer.Option(help="--unit chunk: tokens per selection chunk; sentence/word: the size of the word-aligned pieces a long sentence splits into. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
+    unit: Annotated[str, typer.Option(help="What selection keeps or drops whole: sentence (a sentence or line of at most --max-unit tokens, a longer one in word-aligned pieces of about --chunk), word (word-aligned pieces of about --chunk; no kept span ends inside a word or number) or chunk (fixed --chunk tokens, the paper's). Units are taken best first while they fit; one that does not is taken if half of it fits, so a row keeps its budget to within half a unit.")] = "sentence",
+    max_unit: Annotated[int, typer.Option(help="--unit sentence: the longest sentence kept or dropped as one unit, in tokens.")] = MAX_UNIT,
+    unit_score: Annotated[str, typer.Option(help="A unit's score from its tokens' importance: mean, max, or topK (the mean of its K best, e.g. top4).")] = "mean",
     pool: Annotated[Optional[int], typer.Option(help="Average-pool kernel over token scores (odd; 1 = none). Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
     rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (smollm2-135m: max, measured; otherwise mean).", show_default=False)] = None,
     keep_first: Annotated[int, typer.Option(help="First tokens always kept (attention sink).")] = 4,
     keep_last: Annotated[int, typer.Option(help="Last tokens always kept (question and generation prompt).")] = 64,
-    min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are not pruned.")] = 256,
+    min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are prefilled whole (no speculator).")] = MIN_TOKENS,
+    min_free: Annotated[int, typer.Option(help="The rule for short prompts: a row keeps ceil(keep x its tokens), the forced --keep-first/--keep-last included, but at least the forced ones plus this many chosen ones (a 1k-token prompt at keep 0.1 keeps 196, not 103); 0 = the keep rate alone.")] = MIN_FREE,
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate per row (a record's max_tokens overrides).")] = 64,
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,

@@ -50,6 +50,20 @@ def parse_keep(text: str | float, flag: str = "--keep") -> float | str:
     return value
 
 
+UNITS = ("sentence", "word", "chunk")  # spcli.engine.units
+MIN_TOKENS = 512  # measured: README, Short prompts
+MIN_FREE = 128  # measured: README, Short prompts
+MAX_UNIT = 32
+
+
+def parse_unit_score(text: str) -> tuple[str, int] | None:
+    """'mean' | 'max' | 'topK' -> (reduction, K); None when malformed."""
+    if text in ("mean", "max"):
+        return text, 0
+    m = re.fullmatch(r"top(\d+)", text or "")
+    return ("top", int(m[1])) if m and int(m[1]) >= 1 else None
+
+
 @dataclass(frozen=True)
 class SelectConfig:
     """Which prompt tokens the base model prefills (DESIGN.md steps 7-9)."""
@@ -58,7 +72,11 @@ class SelectConfig:
     chunk: int | None = None  # tokens per chunk, kept or dropped whole; None = the model's (spcli.profiles)
     keep_first: int = 4  # attention sink / BOS, always kept
     keep_last: int = 64  # question + generation prompt, always kept
-    min_tokens: int = 256  # prompts shorter than this are not pruned
+    min_tokens: int = MIN_TOKENS  # prompts shorter than this are not pruned
+    min_free: int = MIN_FREE  # at least this many tokens chosen beyond the forced first/last ones
+    unit: str = "sentence"  # what is kept or dropped whole: sentence | word | chunk (spcli.engine.units)
+    max_unit: int = MAX_UNIT  # unit sentence: a longer sentence is split into word-aligned pieces of ~chunk tokens
+    unit_score: str = "mean"  # a unit's score from its tokens' importance: mean | max | topK (mean of its K best)
     keep_scale: float = KEEP_SCALE  # keep = auto: this many times the chunks that stand out (auto_budget) ...
     keep_min: float = 0.05  # ... but at least this fraction of the prompt ...
     keep_max: float = 0.5  # ... and at most this one
@@ -69,6 +87,11 @@ class SelectConfig:
         _check(self.keep_first >= 0, f"--keep-first must be >= 0, got {self.keep_first}")
         _check(self.keep_last >= 0, f"--keep-last must be >= 0, got {self.keep_last}")
         _check(self.min_tokens >= 0, f"--min-tokens must be >= 0, got {self.min_tokens}")
+        _check(self.min_free >= 0, f"--min-free must be >= 0, got {self.min_free}")
+        _check(self.unit in UNITS, f"--unit must be one of {', '.join(UNITS)}, got {self.unit!r}")
+        _check(self.max_unit >= 1, f"--max-unit must be >= 1, got {self.max_unit}")
+        _check(parse_unit_score(self.unit_score) is not None,
+               f"--unit-score must be mean, max or topK (K >= 1, e.g. top4), got {self.unit_score!r}")
         _check(0.0 < self.keep_scale <= 100.0, f"--keep-scale must be in (0, 100], got {self.keep_scale}")
         _check(0.0 < self.keep_min <= 1.0, f"--keep-min must be in (0, 1], got {self.keep_min}")
         _check(0.0 < self.keep_max <= 1.0, f"--keep-max must be in (0, 1], got {self.keep_max}")
@@ -266,4 +289,9 @@ class RunConfig:
         d.pop("vllm")  # parallelism, memory and placement: same outputs
         if self.vllm.kv_cache_dtype != "auto":  # fp8 KV rounds differently; absent at auto, as before
             d["kv_cache_dtype"] = self.vllm.kv_cache_dtype
+        if d["select"]["unit"] == "chunk":  # fixed chunks select as before units existed: those directories resume
+            for k in ("unit", "max_unit", "unit_score"):
+                del d["select"][k]
+        if d["select"]["min_free"] == 0:  # likewise the budget before its floor
+            del d["select"]["min_free"]
         return d

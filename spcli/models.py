@@ -271,10 +271,37 @@ def availability(name: str) -> str:
     return "no (run make models-qwen)" if preset is not None and preset.parts is not None else "no"
 
 
+def model_key(path: Path) -> str:
+    """A short digest of a model folder's content: config.json and the weight files' names and sizes."""
+    h = hashlib.sha256()
+    config = path / "config.json"
+    h.update(config.read_bytes() if config.is_file() else b"")
+    for f in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+def recognise(name: str) -> str | None:
+    """The preset a model is: its own name, or a folder (a copy, a link, another path) whose config and weight
+    files are those of a preset built or cached on this machine (`model_key`); None for any other model."""
+    if name in PRESETS:
+        return name
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file():
+        return None
+    key = model_key(path)
+    for preset in PRESETS:
+        folder = local_folder(preset)
+        if folder is not None and model_key(folder) == key:
+            return preset
+    return None
+
+
 def default_speculator(name: str) -> str:
-    """A preset's speculator; for any other model (a folder, a GGUF file, an HF id) the model itself, which
-    with no profile scores with early exit at its middle layer (spcli.profiles)."""
-    preset = PRESETS.get(name)
+    """A preset's speculator (a folder recognised as a preset's model gets it too); for any other model (a
+    folder, a GGUF file, an HF id) the model itself, which with no profile scores with early exit at its middle
+    layer (spcli.profiles)."""
+    preset = PRESETS.get(recognise(name) or name)
     return preset.speculator if preset else BENCH_PAIR.get(name, "self")
 
 

@@ -30,18 +30,20 @@ FIELDS = SCORE_FIELDS + SELECT_FIELDS
 PAPER = {**PAPER_SCORE, "chunk": PAPER_CHUNK}
 
 
-def model_key(path: Path) -> str:
-    """A short digest of a model folder's content: config.json and the weight files' names and sizes."""
-    h = hashlib.sha256()
-    config = path / "config.json"
-    h.update(config.read_bytes() if config.is_file() else b"")
-    for f in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
-    return h.hexdigest()[:16]
+model_key = models.model_key  # a profile's key: the model folder's content, so a renamed copy finds it
+
+
+def speculator_identity(speculator: str) -> str:
+    """What a profile and a preset's speculator_scores know a speculator by: a preset's name (also for a folder
+    holding a preset's model), a folder's content (`model_key`), or the name as given (self:K, an HF id)."""
+    if (preset := models.recognise(speculator)) is not None:
+        return preset
+    path = Path(speculator).expanduser()
+    return f"folder:{model_key(path)}" if (path / "config.json").is_file() else speculator
 
 
 def profile_path(model_path: Path, speculator: str) -> Path:
-    tag = hashlib.sha256(speculator.encode()).hexdigest()[:8]
+    tag = hashlib.sha256(speculator_identity(speculator).encode()).hexdigest()[:8]
     return models.cache_root() / "profiles" / f"{model_key(model_path)}-{tag}.json"
 
 
@@ -79,12 +81,14 @@ def score_defaults(model: str, model_path: Path | None, speculator: str) -> tupl
     """(every field of FIELDS, where they come from) for a model and its resolved speculator."""
     if model_path is not None and (profile := read_profile(model_path, speculator)):
         return {**PAPER, **profile}, f"profile {profile_path(model_path, speculator)}"
-    preset = models.PRESETS.get(model)
+    name = models.recognise(model if model_path is None or model in models.PRESETS else str(model_path))
+    preset = models.PRESETS.get(name)
+    label = f"preset {name}" + ("" if name == model else f" (recognised: {model_path} holds its config and weights)")
     k = parse_self(speculator)
     if preset is not None and preset.self_score and _fits(preset.self_score, k):
-        return {**PAPER, **preset.self_score}, f"preset {model}"
-    if preset is not None and speculator in (preset.speculator_scores or {}):
-        return {**PAPER, **preset.speculator_scores[speculator]}, f"preset {model}"
+        return {**PAPER, **preset.self_score}, label
+    if preset is not None and (spec := speculator_identity(speculator)) in (preset.speculator_scores or {}):
+        return {**PAPER, **preset.speculator_scores[spec]}, label
     if k is not None and model_path is not None:
         layer = middle_layer(model_path, k)
         return ({**PAPER, "window": FALLBACK_WINDOW, "lookahead": 0, "score_layers": str(layer)},

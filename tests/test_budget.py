@@ -14,12 +14,13 @@ from test_run import read_outputs
 
 
 def test_over_budget_is_the_forced_set_above_ceil_keep_times_n():
-    cfg = SelectConfig(keep=0.1, chunk=32, keep_first=4, keep_last=64, min_tokens=256)
+    cfg = SelectConfig(keep=0.1, chunk=32, keep_first=4, keep_last=64, min_tokens=256, min_free=0)
     assert is_over_budget(512, cfg)  # the case: 68 forced > ceil(51.2) = 52
+    assert not is_over_budget(512, SelectConfig(keep=0.1, chunk=32, min_tokens=256, min_free=16)), "a floor chooses 16"
     assert not is_over_budget(671, cfg) and is_over_budget(670, cfg)  # 68 forced vs ceil(67.1) = 68, ceil(67.0) = 67
     assert not is_over_budget(200, cfg), "not pruned (min_tokens): no budget to miss"
     assert not is_over_budget(512, cfg, 1.0) and not is_over_budget(512, cfg, 0.2)
-    auto = SelectConfig(keep="auto", chunk=32, keep_first=4, keep_last=64, min_tokens=256, keep_max=0.1)
+    auto = SelectConfig(keep="auto", chunk=32, keep_first=4, keep_last=64, min_tokens=256, keep_max=0.1, min_free=0)
     assert is_over_budget(512, auto) and not is_over_budget(512, auto, 0.5)
 
 

@@ -84,7 +84,7 @@ def test_constructed_fact_ranks_first_under_both_tokenizers(smollm2_dir, other_t
     fact = "The secret café code is 4417-Zürich."
     filler = "Some essay prose about startups and painters. " * 40
     rec = Record(0, 0, "fact", messages=[{"role": "user", "content": filler + fact + " " + filler + "What is the code?"}])
-    ids, spec_ids, alignment = cross_tokenize(rec, base, spec, 1 << 20, "error")
+    ids, spec_ids, alignment, _ = cross_tokenize(rec, base, spec, 1 << 20, "error")
     b, s = encode(rec, base), encode(rec, spec)
     fact_chars = lambda enc: (enc.text.index(fact), enc.text.index(fact) + len(fact))
     on_fact = lambda enc: torch.tensor([max(a, fact_chars(enc)[0]) < min(e, fact_chars(enc)[1]) for a, e in enc.offsets])

@@ -88,3 +88,30 @@ def test_the_qwen_preset_scores_each_measured_speculator_with_its_calibrated_lay
     assert defaults == {"window": 16, "lookahead": 0, "score_layers": "18", "pool": 31, "rows": "max", "chunk": 8}
     assert profiles.score_defaults("qwen2.5-coder-1.5b", None, "llama-1b")[1] == "fallback: the paper's recipe"
     assert profiles.score_defaults("qwen2.5-coder-0.5b", None, "smollm2-135m")[1] == "fallback: the paper's recipe"
+
+
+def test_a_folder_copy_of_a_preset_model_gets_the_presets_scoring(tmp_path, smollm2_dir):
+    """Issue 30: the same weights passed as a folder score as the preset does (not with the fallback), and the
+    source says it was recognised; a folder with other weights is not recognised."""
+    import os
+    import shutil
+
+    from spcli import models
+    from spcli.profiles import score_defaults, speculator_identity
+
+    copy = tmp_path / "my-copy"
+    copy.mkdir()
+    for f in smollm2_dir.iterdir():
+        (os.link if f.suffix == ".safetensors" else shutil.copy)(f, copy / f.name)  # same names and sizes
+    assert models.recognise(str(copy)) == "smollm2-135m"
+    assert models.default_speculator(str(copy)) == "self"
+    by_name, _ = score_defaults("smollm2-135m", smollm2_dir, "self")
+    by_folder, source = score_defaults(str(copy), copy, "self")
+    assert by_folder == by_name and by_folder["score_layers"] == "14"
+    assert source.startswith("preset smollm2-135m (recognised") and str(copy) in source
+    assert speculator_identity(str(copy)) == "smollm2-135m"
+    config = (copy / "config.json").read_text()
+    (copy / "config.json").write_text(config.replace('"num_hidden_layers": 30', '"num_hidden_layers": 29'))
+    assert models.recognise(str(copy)) is None
+    _, source = score_defaults(str(copy), copy, "self")
+    assert source.startswith("fallback")

@@ -38,7 +38,7 @@ def config(src, out, tiny_dir, keep: float = 0.3, **kw) -> RunConfig:
 def argv(src, out, tiny_dir, *extra) -> list[str]:
     return ["run", str(src), "--out", str(out), "--model", str(tiny_dir), "--speculator", "self:2", "--dtype", "float32",
             "--batch-size", "2", "--commit-interval", "0", "--chunk", "8", "--keep-last", "8", "--min-tokens", "16",
-            "--lookahead", "2", "--max-tokens", "2", *extra]
+            "--min-free", "0", "--unit", "chunk", "--lookahead", "2", "--max-tokens", "2", *extra]  # exact budgets: fixed chunks
 
 
 class StopAfter(Progress):
@@ -119,6 +119,8 @@ def test_changed_keep_refuses_then_fresh_starts_over_and_force_appends(tmp_path,
 
     code, _, err = cli(argv(src, out, tiny_dir, "--keep", "0.3", "--fresh"), capsys)
     assert code == 0, err
+    assert "INFO --fresh: removed the 3 committed output files of the earlier run\n" in err
+    assert "uncommitted" not in err, "the issue: --fresh said 'removed 3 uncommitted file(s)' of committed outputs"
     fresh = {r["row"]: r for r in read_outputs(out)}
     assert sorted(fresh) == list(range(6))
     assert fresh[2]["num_kept_tokens"] == -(-3 * fresh[2]["num_prompt_tokens"] // 10)

@@ -8,7 +8,7 @@ from spcli.engine.select import auto_budget, budget, is_pruned, select_tokens
 
 
 def cfg(**kw):
-    return SelectConfig(**{"keep": 0.25, "chunk": 4, "keep_first": 0, "keep_last": 0, "min_tokens": 0, **kw})
+    return SelectConfig(**{"keep": 0.25, "chunk": 4, "keep_first": 0, "keep_last": 0, "min_tokens": 0, "min_free": 0, **kw})
 
 
 def test_budget_is_ceil_of_keep_times_n():

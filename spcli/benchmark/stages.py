@@ -19,7 +19,7 @@ from spcli.engine import hf_pass
 from spcli.engine.load import ModelStack
 from spcli.engine.prepare import prune
 from spcli.engine.request import PrunedRequest
-from spcli.engine.tokenize import cross_tokenize
+from spcli.engine.tokenize import cross_tokenize, units_from_ids
 from spcli.io.records import Record
 
 
@@ -62,10 +62,10 @@ def as_text(m: ModelStack, prompts: list[list[int]]) -> tuple[list[list[int]], l
     return [_cross(m, t, 1 << 30)[0] for t in texts], texts
 
 
-def _cross(m: ModelStack, text: str, max_prompt_tokens: int):
+def _cross(m: ModelStack, text: str, max_prompt_tokens: int, select: SelectConfig | None = None):
     spec = m.speculator_tokens
     return cross_tokenize(Record(0, 0, "bench", prompt=text), m.tokenizer, spec.tokenizer, max_prompt_tokens, "error",
-                          speculator_max_positions=spec.max_positions)
+                          speculator_max_positions=spec.max_positions, select=select)
 
 
 def _requests(prompts: list[list[int]], keep: float, max_tokens: int) -> list[PrunedRequest]:
@@ -87,13 +87,17 @@ def run_full(m: ModelStack, prompts: list[list[int]], max_tokens: int) -> Timing
 def run_spec(m: ModelStack, prompts: list[list[int]], keep: float, select: SelectConfig, score: ScoreConfig,
              max_tokens: int, chunk: int, texts: list[str] | None = None) -> Timing:
     """`texts`: the prompts' text (`as_text`) for a speculator of another tokenizer, which reads them in its
-    own tokens; that tokenization and the alignment are timed with the rest."""
+    own tokens; that tokenization and the alignment are timed with the rest, as are the selection units
+    (`run` reads them from the text; here, of the same tokenizer, from the ids decoded one by one)."""
     synchronize(m.device)
     t0 = time.perf_counter()
     requests = _requests(prompts, keep, max_tokens)
     for r, text in zip(requests, texts or []):
-        base_ids, r.speculator_ids, r.alignment = _cross(m, text, len(r.token_ids))
+        base_ids, r.speculator_ids, r.alignment, r.units = _cross(m, text, len(r.token_ids), select)
         assert base_ids == r.token_ids, "as_text made these ids from this text"
+    if texts is None and select.unit != "chunk":
+        for r in requests:
+            r.units = units_from_ids(m.tokenizer, r.token_ids, select)
     requests = prune(requests, select, score, m, chunk=chunk)
     assert all(isinstance(r, PrunedRequest) for r in requests), requests
     gens = _generate(m, requests)

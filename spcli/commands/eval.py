@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import SPECULATOR_CHUNK
+from spcli.config import MAX_UNIT, MIN_FREE, MIN_TOKENS, SPECULATOR_CHUNK
 
 
 def _help() -> str:
@@ -25,11 +25,11 @@ def register(app: typer.Typer) -> None:
     def _cmd(
         inputs: Annotated[Optional[list[str]], typer.Argument(metavar="INPUT", help="JSONL/Parquet shards (optional `answer` field: string or list).", show_default=False)] = None,
         out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json, quality_<task>.png and speedup_<task>.png; report.html with --html.")] = "out/eval",
-        task: Annotated[Optional[list[str]], typer.Option(help="Built-in task (repeat or comma-separate): niah, niah-multi, kv-retrieval, var-tracking, multidoc-qa, niah-scatter.")] = None,
+        task: Annotated[Optional[list[str]], typer.Option(help="Built-in task (repeat or comma-separate): niah, niah-multi, kv-retrieval, var-tracking, multidoc-qa, niah-scatter, needle-code, needle-name, needle-date, needle-first; needles = the last four.")] = None,
         lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens for built-in tasks, comma-separated.")] = "2048",
         model: Annotated[str, typer.Option(help="Base model name, local folder, GGUF file or cached HF id.")] = "smollm2-135m",
         speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self:K. Default: the model's. A comma list A,B,... also scores with B,... (rows specprefill@B: each pair's own settings, paired against A's specprefill; one full prefill per example for all).")] = None,
-        variant: Annotated[Optional[list[str]], typer.Option(help="Also score with the first speculator at other settings, paired (repeatable): KEY=VALUE,... of lookahead, window, score_layers, pool, rows, chunk; rows specprefill[rows=max]. E.g. --variant rows=max.", show_default=False)] = None,
+        variant: Annotated[Optional[list[str]], typer.Option(help="Also score with the first speculator at other settings, paired (repeatable): KEY=VALUE,... of lookahead, window, score_layers, pool, rows, chunk, unit, max_unit, unit_score, min_free; rows specprefill[rows=max]. E.g. --variant rows=max.", show_default=False)] = None,
         keep: Annotated[str, typer.Option(help="Keep rates, comma-separated; 1.0 = full prefill; auto:P = keep auto with keep scale P (auto alone: P 1.5, as `spcli run --keep-scale`).")] = "0.1,0.3,0.5,1.0",
         selector: Annotated[str, typer.Option(help="Selectors, comma-separated: specprefill, random, recency, sink-recency, self-information.")] = "specprefill,random,recency,sink-recency,self-information",
         samples: Annotated[int, typer.Option(help="Examples per task and length (or the first N input records).")] = 20,
@@ -45,7 +45,11 @@ def register(app: typer.Typer) -> None:
         chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
         keep_first: Annotated[int, typer.Option(help="First tokens always kept (not by `recency`).")] = 4,
         keep_last: Annotated[int, typer.Option(help="Last tokens always kept.")] = 64,
-        min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are not pruned.")] = 256,
+        min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are prefilled whole, as `spcli run --min-tokens`.")] = MIN_TOKENS,
+        min_free: Annotated[int, typer.Option(help="At least the forced tokens plus this many chosen ones, as `spcli run --min-free`.")] = MIN_FREE,
+        unit: Annotated[str, typer.Option(help="Selection unit: sentence, word or chunk, as `spcli run --unit` (the paper's recipe row always selects chunks).")] = "sentence",
+        max_unit: Annotated[int, typer.Option(help="--unit sentence: the longest sentence kept whole, as `spcli run --max-unit`.")] = MAX_UNIT,
+        unit_score: Annotated[str, typer.Option(help="A unit's score: mean, max or topK, as `spcli run --unit-score`.")] = "mean",
         keep_min: Annotated[float, typer.Option(help="auto:P policies: the least fraction of a prompt kept.")] = 0.05,
         keep_max: Annotated[float, typer.Option(help="auto:P policies: the most fraction of a prompt kept.")] = 0.5,
         match_auto: Annotated[bool, typer.Option("--match-auto/--no-match-auto", help="Per auto:P policy, also run a fixed keep at its mean kept fraction and compare the two, paired.")] = True,
@@ -62,16 +66,18 @@ def register(app: typer.Typer) -> None:
         from spcli.evaluate.matched import matched_table
         from spcli.evaluate.report import text_table
         from spcli.evaluate.run import run_eval
+        from spcli.evaluate.tasks import expand_tasks
 
         first, *others = split_list(speculator, str, "--speculator") if speculator else (None,)
         cfg = EvalConfig(
-            out=out, inputs=tuple(inputs or ()), tasks=tuple(t for item in task or () for t in split_list(item, str, "--task")),
+            out=out, inputs=tuple(inputs or ()), tasks=expand_tasks(t for item in task or () for t in split_list(item, str, "--task")),
             lengths=split_list(lengths, int, "--lengths"), model=model, speculator=first, extra_speculators=tuple(others),
             variants=tuple(parse_variant(v) for v in variant or ()),
             keeps=split_keeps(keep), selectors=split_list(selector, str, "--selector"), samples=samples,
             seed=seed, max_tokens=max_tokens, compare_tokens=compare_tokens, bootstrap=bootstrap, dtype=dtype,
             device=device, html=html, match_auto=match_auto, speculator_chunk=speculator_chunk,
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
+                                min_free=min_free, unit=unit, max_unit=max_unit, unit_score=unit_score,
                                 keep_min=keep_min, keep_max=keep_max),
             score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows),
             fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),

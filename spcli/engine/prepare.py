@@ -18,7 +18,7 @@ from spcli.engine.load import ModelStack
 from spcli.engine.request import PrunedRequest
 from spcli.engine.select import is_pruned, select_tokens
 from spcli.engine.speculate import Speculation, speculate_batch
-from spcli.engine.tokenize import cross_tokenize, tokenize
+from spcli.engine.tokenize import cross_tokenize, tokenize, tokenize_units
 from spcli.errors import RecordError
 from spcli.io.records import Record
 from spcli.stop import StopAtSafePoint
@@ -34,17 +34,21 @@ def request_for(rec: Record, cfg: RunConfig, stack: ModelStack) -> PrunedRequest
     max_tokens = rec.max_tokens or cfg.generate.max_tokens
     keep = rec.keep if rec.keep is not None else cfg.select.keep
     limits = (stack.max_prompt_tokens(max_tokens), cfg.truncate, stack.prompt_limit(max_tokens))
-    spec = stack.speculator_tokens if keep == AUTO or keep < 1.0 else None  # never read at keep 1.0
-    spec_ids = alignment = None
-    if spec is None:
+    prunes = keep == AUTO or keep < 1.0
+    spec = stack.speculator_tokens if prunes else None  # never read at keep 1.0
+    spec_ids = alignment = units = None
+    if not prunes:
         ids = tokenize(rec, stack.tokenizer, *limits)
+    elif spec is None:
+        ids, units = tokenize_units(rec, stack.tokenizer, *limits, cfg.select)
     else:  # the speculator has another tokenizer: it reads the same text in its own tokens
-        ids, spec_ids, alignment = cross_tokenize(rec, stack.tokenizer, spec.tokenizer, *limits, spec.max_positions)
+        ids, spec_ids, alignment, units = cross_tokenize(rec, stack.tokenizer, spec.tokenizer, *limits,
+                                                         spec.max_positions, cfg.select)
     temperature = rec.temperature if rec.temperature is not None else cfg.generate.temperature
     return PrunedRequest(
         record_id=rec.id, token_ids=ids, kept=torch.arange(len(ids)), max_tokens=max_tokens,
         temperature=temperature, seed=row_seed(cfg.generate.seed, rec.id), keep=keep,
-        num_logprobs=cfg.generate.logprobs, speculator_ids=spec_ids, alignment=alignment,
+        num_logprobs=cfg.generate.logprobs, speculator_ids=spec_ids, alignment=alignment, units=units,
     )
 
 
@@ -105,7 +109,7 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
         t0 = time.perf_counter()
         req.importance = carry(spec.importance, req.alignment)  # [n]: the base's tokens (as is: same tokenizer)
         req.unpooled = None if spec.unpooled is None else carry(spec.unpooled, req.alignment)
-        req.kept = select_tokens(req.importance, select, req.keep, req.forced, req.unpooled)
+        req.kept = select_tokens(req.importance, select, req.keep, req.forced, req.unpooled, req.units)
         req.speculate_s = spec.speculate_s + time.perf_counter() - t0
     return out
 

@@ -31,6 +31,7 @@ class PrunedRequest:
     unpooled: torch.Tensor | None = None  # [n] float32, the importance at pool 1, when keep auto asked for it
     speculator_ids: list[int] | None = None  # [n_spec] the prompt in a speculator's own tokenizer (cross-tokenizer)
     alignment: Alignment | None = None  # speculator tokens -> base tokens, with speculator_ids
+    units: torch.Tensor | None = None  # [n] int64 selection unit of each token (spcli.engine.units), when pruned
 
     @property
     def speculator_token_ids(self) -> list[int]:

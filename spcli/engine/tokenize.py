@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+
+import torch
 
 from spcli.errors import RecordError
 from spcli.io.records import Record
@@ -87,11 +90,38 @@ def encode(record: Record, tokenizer) -> Encoded:
     return Encoded(text, ids, [(int(a), int(b)) for a, b in enc["offset_mapping"]], regions)
 
 
+def units_of(enc: Encoded, kept: range | list[int], select) -> torch.Tensor:
+    """[len(kept)] int64 selection units (spcli.engine.units) of the kept positions of an encoded prompt."""
+    from spcli.engine import units
+
+    ids = units.unit_ids(enc.text, enc.offsets, select.unit, select.chunk, select.max_unit)
+    return ids if len(kept) == len(enc.ids) else units.restrict(ids, kept)
+
+
+def units_from_ids(tokenizer, ids: list[int], select) -> torch.Tensor:
+    """[n] int64 selection units of token ids that come without their text (benchmarks): the text is each
+    token decoded alone, one after the other."""
+    pieces = [tokenizer.decode([i]) for i in ids]
+    ends = list(itertools.accumulate(map(len, pieces)))
+    offsets = [(e - len(p), e) for p, e in zip(pieces, ends)]
+    return units_of(Encoded("".join(pieces), ids, offsets, [(0, ends[-1] if ends else 0)]), range(len(ids)), select)
+
+
+def tokenize_units(record: Record, tokenizer, max_prompt_tokens: int, truncate: str, limit: str,
+                   select) -> tuple[list[int], torch.Tensor]:
+    """Token ids as `tokenize` makes them, with each token's selection unit ([n] int64) from the text's
+    words and sentences (spcli.engine.units; `select`: a resolved SelectConfig)."""
+    enc = encode(record, tokenizer)
+    kept = kept_positions(len(enc.ids), max_prompt_tokens, truncate, limit)
+    return [enc.ids[i] for i in kept], units_of(enc, kept, select)
+
+
 def cross_tokenize(record: Record, tokenizer, speculator_tokenizer, max_prompt_tokens: int, truncate: str,
-                   limit: str = "", speculator_max_positions: int = 1 << 30):
-    """Base ids, speculator ids and their Alignment (spcli.engine.align) for a speculator of another
-    tokenizer: each reads the same text (a raw prompt as is, the messages in its own chat template).
-    Truncation cuts the base's tokens as `tokenize` does; the speculator drops what only they covered."""
+                   limit: str = "", speculator_max_positions: int = 1 << 30, select=None):
+    """Base ids, speculator ids, their Alignment (spcli.engine.align) for a speculator of another tokenizer,
+    and the base tokens' selection units ([n] int64; None without `select`): each reads the same text (a raw
+    prompt as is, the messages in its own chat template). Truncation cuts the base's tokens as `tokenize`
+    does; the speculator drops what only they covered."""
     from spcli.engine.align import align, restrict
 
     base, spec = encode(record, tokenizer), encode(record, speculator_tokenizer)
@@ -105,4 +135,5 @@ def cross_tokenize(record: Record, tokenizer, speculator_tokenizer, max_prompt_t
         raise RecordError(f"the prompt is {len(spec_ids)} tokens in the speculator's tokenizer, more than its "
                           f"max_position_embeddings {speculator_max_positions}; use --truncate left|middle with a "
                           "lower limit, or another speculator")
-    return [base.ids[i] for i in kept], spec_ids, alignment
+    units = None if select is None else units_of(base, kept, select)
+    return [base.ids[i] for i in kept], spec_ids, alignment, units

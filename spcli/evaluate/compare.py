@@ -22,9 +22,9 @@ from spcli.engine import hf_pass, load
 from spcli.engine.load import ModelStack
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.engine.select import is_over_budget
-from spcli.engine.tokenize import cross_tokenize, tokenize
+from spcli.engine.tokenize import cross_tokenize, tokenize, tokenize_units
 from spcli.evaluate import metrics
-from spcli.evaluate.config import EvalConfig, is_auto, policy_order, policy_select, variant_label
+from spcli.evaluate.config import SELECT_VARIANT_FIELDS, EvalConfig, is_auto, policy_order, policy_select, variant_label
 from spcli.evaluate.selectors import USES_SPECULATOR, Signals, carried, random_seed, select, speculator_signals
 from spcli.evaluate.tasks import Example
 from spcli.io.records import Record
@@ -59,9 +59,9 @@ def other_speculators(m: ModelStack, cfg: EvalConfig) -> list[OtherSpeculator]:
     first = dataclasses.replace(cfg, extra_speculators=(), variants=(), selectors=("specprefill",))
     for variant in cfg.variants:
         changed = dict(variant)
-        chunk = changed.pop("chunk", None)
+        selection = {k: changed.pop(k) for k in SELECT_VARIANT_FIELDS if k in changed}
         own = dataclasses.replace(first, score=dataclasses.replace(cfg.score, **changed),
-                                  select=dataclasses.replace(cfg.select, chunk=chunk or cfg.select.chunk))
+                                  select=dataclasses.replace(cfg.select, **selection))
         out.append(OtherSpeculator(variant_label(variant), m, resolve(own, cfg.model, m.path, m.speculator_name)))
     return out
 
@@ -126,7 +126,7 @@ def example_signals(m: ModelStack, example: Example, ids: list[int], cfg: EvalCo
     spec_ids, alignment = ids, None
     if (spec := m.speculator_tokens) is not None:
         record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
-        base_ids, spec_ids, alignment = cross_tokenize(record, m.tokenizer, spec.tokenizer, len(ids), "error",
+        base_ids, spec_ids, alignment, _ = cross_tokenize(record, m.tokenizer, spec.tokenizer, len(ids), "error",
                                                        speculator_max_positions=spec.max_positions)
         assert base_ids == ids, "prompt_ids and cross_tokenize read the example alike"
     signals = speculator_signals(m.speculator, spec_ids, cfg.score, m.speculator_eos_ids, m.device,
@@ -162,13 +162,24 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
         own_cost["specprefill"] = signals.speculate_s
         own_cost["self-information"] = signals.speculate_s + signals.surprisal_s
         own_cost["specprefill-paper"] = signals.paper_s
-    other_signals = {o.label: example_signals(o.stack, example, ids, o.cfg) for o in others}
+    other_signals = {o.label: (signals if o.stack is m and o.cfg.score == cfg.score  # a selection-only variant
+                               else example_signals(o.stack, example, ids, o.cfg)) for o in others}
     own_cost.update({label: s.speculate_s for label, s in other_signals.items() if s is not None})
     # (row name, selector, its signals, its selection config): the selectors, then each other speculator
     picks = [(s, s, signals if s in USES_SPECULATOR else None, cfg.select) for s in cfg.selectors]
     picks += [(o.label, "specprefill", other_signals[o.label], o.cfg.select) for o in others]
     names = [name for name, *_ in picks]
     seed = random_seed(cfg.seed, example.id)
+    record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
+    units: dict[tuple, torch.Tensor] = {}
+
+    def units_for(select_cfg) -> torch.Tensor | None:
+        """The example's selection units under one selection config (spcli run's, from the text), made once."""
+        key = (select_cfg.unit, select_cfg.chunk, select_cfg.max_unit)
+        if select_cfg.unit != "chunk" and key not in units:
+            unit_ids, units[key] = tokenize_units(record, m.tokenizer, n, "error", "", select_cfg)
+            assert unit_ids == ids, "prompt_ids and tokenize_units read the example alike"
+        return units.get(key)
 
     for keep in sorted(set(cfg.keeps), key=policy_order):
         chosen: dict[str, torch.Tensor] = {}
@@ -176,7 +187,7 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
         for name, selector, sig, base in picks:
             select_cfg, rate = policy_select(base, keep)
             t0 = time.perf_counter()
-            chosen[name] = select(selector, n, sig, select_cfg, rate, seed)
+            chosen[name] = select(selector, n, sig, select_cfg, rate, seed, units_for(select_cfg))
             select_s[name] = time.perf_counter() - t0
         pruned = [s for s in names if chosen[s].numel() < n]
         gens: dict[str, Generation] = {s: ref for s in names if s not in pruned}

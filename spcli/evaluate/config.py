@@ -37,7 +37,9 @@ def parse_policy(text: str, default_scale: float = SelectConfig.keep_scale) -> f
         raise ConfigError(f"--keep takes rates in (0, 1] and auto:P policies, comma-separated, got {text!r}") from None
 
 
-VARIANT_FIELDS = {"lookahead": int, "window": int, "score_layers": str, "pool": int, "rows": str, "chunk": int}
+VARIANT_FIELDS = {"lookahead": int, "window": int, "score_layers": str, "pool": int, "rows": str, "chunk": int,
+                  "unit": str, "max_unit": int, "unit_score": str, "min_free": int}
+SELECT_VARIANT_FIELDS = ("chunk", "unit", "max_unit", "unit_score", "min_free")  # SelectConfig's; the rest ScoreConfig's
 
 
 def parse_variant(text: str) -> tuple[tuple[str, object], ...]:
@@ -132,8 +134,8 @@ class EvalConfig:
         _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_speculator_chunk(self.speculator_chunk)
         for v in self.variants:  # validated like the flags they stand for
-            dataclasses.replace(self.score, **{k: x for k, x in v if k != "chunk"})
-            dataclasses.replace(self.select, **{k: x for k, x in v if k == "chunk"})
+            dataclasses.replace(self.score, **{k: x for k, x in v if k not in SELECT_VARIANT_FIELDS})
+            dataclasses.replace(self.select, **{k: x for k, x in v if k in SELECT_VARIANT_FIELDS})
         labels = [variant_label(v) for v in self.variants]
         _check(len(set(labels)) == len(labels), f"--variant names a variant twice: {', '.join(labels)}")
         names = (self.speculator, *self.extra_speculators)

@@ -139,17 +139,19 @@ def importance_for(selector: str, n: int, signals: Signals | None, cfg: SelectCo
 
 
 def config_for(selector: str, cfg: SelectConfig) -> SelectConfig:
-    """Recency keeps the last tokens only: no sink tokens are forced. The paper's recipe selects chunks of 32."""
+    """Recency keeps the last tokens only: no sink tokens are forced. The paper's recipe selects fixed chunks of 32."""
     if selector == "recency":
         return dataclasses.replace(cfg, keep_first=0)
-    return dataclasses.replace(cfg, chunk=PAPER_CHUNK) if selector == "specprefill-paper" else cfg
+    return dataclasses.replace(cfg, chunk=PAPER_CHUNK, unit="chunk") if selector == "specprefill-paper" else cfg
 
 
-def select(selector: str, n: int, signals: Signals | None, cfg: SelectConfig, keep: float | str, seed: int) -> torch.Tensor:
-    """Kept indices [m] int64, ascending, for one prompt of n tokens (all of them when it is not pruned)."""
+def select(selector: str, n: int, signals: Signals | None, cfg: SelectConfig, keep: float | str, seed: int,
+           units: torch.Tensor | None = None) -> torch.Tensor:
+    """Kept indices [m] int64, ascending, for one prompt of n tokens (all of them when it is not pruned);
+    `units`: [n] the prompt's selection units (spcli.engine.units), which the paper's recipe does not use."""
     cfg = config_for(selector, cfg)
     if not is_pruned(n, cfg, keep):
         return torch.arange(n)  # short prompt or keep 1.0: no speculator pass was needed
     forced = signals.forced if signals is not None and selector in USES_SPECULATOR else None
     unpooled = None if signals is None else signals.unpooled  # keep auto: the speculator's budget, for every selector
-    return select_tokens(importance_for(selector, n, signals, cfg, seed), cfg, keep, forced, unpooled)
+    return select_tokens(importance_for(selector, n, signals, cfg, seed), cfg, keep, forced, unpooled, units)

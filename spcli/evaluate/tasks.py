@@ -11,6 +11,8 @@ the forced tail holds the question and nothing else.
     multidoc-qa   short documents, one about the person asked for; the answer is a town (token-F1 scored)
     niah-scatter  eight values for one key, one in each eighth of the prompt; list them all (diffuse: scored
                   as the fraction found, every needle sentence counts)
+    needles       the family of spcli.evaluate.needles: a code, a name or a date ending a sentence, and the
+                  question before the document (needle-code, needle-name, needle-date, needle-first)
 
 Lengths are targets in prompt tokens (chat template included); a prompt lands within a few tokens.
 """
@@ -27,8 +29,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from spcli.errors import ConfigError
+from spcli.evaluate.needles import BUILDERS as NEEDLE_BUILDERS
+from spcli.evaluate.needles import FAMILY as NEEDLE_FAMILY
 
-TASKS = ("niah", "niah-multi", "kv-retrieval", "var-tracking", "multidoc-qa", "niah-scatter")
+TASKS = ("niah", "niah-multi", "kv-retrieval", "var-tracking", "multidoc-qa", "niah-scatter",
+         "needle-code", "needle-name", "needle-date", "needle-first")  # the last four: --task needles (needles.py)
 
 ADJECTIVES = ("amber", "brisk", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen", "lively",
               "mellow", "nimble", "olive", "proud", "quiet", "rusty", "silver", "tidy", "upbeat", "vivid", "witty", "young")
@@ -218,8 +223,17 @@ def _multidoc(rng, filler, length, _):
 BUILDERS = {  # task -> (builder, number of needles, max_tokens, all answers required)
     "niah": (_niah, 1, 32, False), "niah-multi": (_niah, 3, 64, True), "kv-retrieval": (_kv, 0, 48, False),
     "var-tracking": (_vt, 0, 64, True), "multidoc-qa": (_multidoc, 0, 32, False),
-    "niah-scatter": (_scatter, 8, 96, True),
+    "niah-scatter": (_scatter, 8, 96, True), **NEEDLE_BUILDERS,
 }
+FAMILIES = {"needles": NEEDLE_FAMILY}  # a family name stands for its tasks in --task
+
+
+def expand_tasks(names) -> tuple[str, ...]:
+    """--task values with each family name replaced by its tasks, in order, each task once."""
+    out: list[str] = []
+    for name in names:
+        out += [t for t in FAMILIES.get(name, (name,)) if t not in out]
+    return tuple(out)
 
 
 def generate(task: str, tokenizer, length: int, num_samples: int, seed: int) -> list[Example]:

@@ -1,0 +1,97 @@
+"""The `needles` task family: facts worded as users' documents word them, where a cut in the wrong place
+loses the answer (issue 30). Each buries one fact sentence in essay prose; the answer ends the sentence.
+
+    needle-code   "The access code for the <adj> <noun> vault is <code>." a code of several tokens (digits, or
+                  letters and digits with dashes) at the end of a sentence
+    needle-name   "The <adj> <noun> project is led by <First Last>." a person's name
+    needle-date   "The <adj> <noun> shipment is due on <Month D, YYYY>." a date (scored as the share of its
+                  month, day and year in the answer)
+    needle-first  the code of needle-code, with the question BEFORE the document and nothing after it: the
+                  forced tail holds the document's end, not the question
+
+Builders follow spcli.evaluate.tasks: build(filler_tokens) -> messages, sized there by `_fit`.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December")
+FAMILY = ("needle-code", "needle-name", "needle-date", "needle-first")
+
+
+def _thing(rng: random.Random) -> str:
+    from spcli.evaluate.tasks import ADJECTIVES, NOUNS
+
+    return f"{rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}"
+
+
+def _code(rng: random.Random) -> str:
+    if rng.random() < 0.5:
+        return str(rng.randrange(100_000, 100_000_000))  # 6 to 8 digits
+    letters = "".join(rng.choice(string.ascii_uppercase) for _ in range(2))
+    return f"{letters}-{rng.randrange(1000, 10000)}-{rng.choice(string.ascii_uppercase)}"
+
+
+def _buried(rng, filler, needle: str, frame):
+    """build(num_tokens) for one needle at a random depth; frame(text) -> the user message."""
+    from spcli.evaluate.tasks import _insert
+
+    depth, seed = rng.uniform(0.1, 0.9), rng.random()
+
+    def build(num_tokens):
+        text = " ".join(_insert(filler.take(random.Random(seed), num_tokens), [needle], [depth]))
+        return [{"role": "user", "content": frame(text)}]
+
+    return build, {"depth": depth}
+
+
+def _question_after(intro: str, question: str):
+    return lambda text: f"{intro}\n\n{text}\n\n{question}"
+
+
+def needle_code(rng, filler, length, _):
+    thing, code = _thing(rng), _code(rng)
+    needle = f"The access code for the {thing} vault is {code}."
+    build, meta = _buried(rng, filler, needle, _question_after(
+        "Read the following notes carefully. I will ask you about them afterwards.",
+        f"What is the access code for the {thing} vault? Answer with the code only."))
+    return build, (code,), (needle,), meta
+
+
+def needle_name(rng, filler, length, _):
+    from spcli.evaluate.tasks import FIRST, LAST
+
+    thing, name = _thing(rng), f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+    needle = f"The {thing} project is led by {name}."
+    build, meta = _buried(rng, filler, needle, _question_after(
+        "Read the following notes carefully. I will ask you about them afterwards.",
+        f"Who leads the {thing} project? Answer with the person's full name only."))
+    return build, (name,), (needle,), meta
+
+
+def needle_date(rng, filler, length, _):
+    thing = _thing(rng)
+    month, day, year = rng.choice(MONTHS), rng.randrange(1, 29), rng.randrange(2024, 2031)
+    needle = f"The {thing} shipment is due on {month} {day}, {year}."
+    build, meta = _buried(rng, filler, needle, _question_after(
+        "Read the following notes carefully. I will ask you about them afterwards.",
+        f"On what date is the {thing} shipment due? Answer with the date only."))
+    return build, (month, str(day), str(year)), (needle,), meta
+
+
+def needle_first(rng, filler, length, _):
+    thing, code = _thing(rng), _code(rng)
+    needle = f"The access code for the {thing} vault is {code}."
+    build, meta = _buried(rng, filler, needle, lambda text: (
+        f"Answer the question about the notes below. Question: what is the access code for the {thing} vault? "
+        f"Answer with the code only.\n\nNotes:\n{text}"))
+    return build, (code,), (needle,), meta
+
+
+BUILDERS = {  # task -> (builder, number of needles, max_tokens, all answers required): as tasks.BUILDERS
+    "needle-code": (needle_code, 1, 40, False), "needle-name": (needle_name, 1, 40, False),
+    "needle-date": (needle_date, 1, 40, True), "needle-first": (needle_first, 1, 40, False),
+}
