@@ -1,4 +1,10 @@
 #!/usr/bin/env bash
+# NOT RUNNABLE IN THIS WORKPLACE: the GPU machine the `device` tool lends has no vLLM and cannot fetch it (a call
+# carries at most 64 MiB; vLLM 0.32.0's CUDA wheel alone is 311 MiB and pins torch 2.13.0 with CUDA, flashinfer-python,
+# nvidia-cutlass-dsl and more), so the vLLM-on-GPU path cannot be measured here. This script stays for a user's own
+# GPU node with vLLM installed. What the lent GPU can measure (the hf engine, the scoring kernel, the plan) is
+# benches/gpu_check_hf.sh (docs/gpu-check.md).
+#
 # --engine vllm on one CUDA GPU, sized for an H200 (141 GB), in under 10 minutes:
 #   1. tests on CUDA: the vLLM parity tests (tests/test_vllm_engine.py: gapped positions vs transformers,
 #      chunked prefill, prefix-cache salt, refusals), the start-up check (tests/test_vllm_startup.py: no
@@ -38,7 +44,8 @@ export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false
   "$PY" -c "import vllm; print('vllm', vllm.__version__)"
 } 2>&1 | tee "$OUT/gpu.txt"
 if ! "$PY" -c "import vllm" >/dev/null 2>&1; then
-  echo "vLLM is not importable with $PY: install vllm==0.32.0 (CUDA) and its torch first" | tee -a "$OUT/gpu.txt"
+  echo "vLLM is not importable with $PY: install vllm==0.32.0 (CUDA) and its torch first (the device tool's GPU" \
+    "machine cannot: the vLLM path is not measurable there; benches/gpu_check_hf.sh is its check)" | tee -a "$OUT/gpu.txt"
   exit 3
 fi
 
