@@ -6,9 +6,10 @@ characters and rich cuts names (`--speculator-chu`). Here a row is: the required
 (`--out, -o`; a negative name on the next line) and the type below them | the help. The names
 column is as wide as its longest name and never wraps; the help takes the rest.
 
-Panels are assigned by option name (`PANELS`), the same name in the same panel in every command;
-an option named nowhere stays in Typer's "Options" panel (tests/test_help.py wants every `spcli run`
-option in a panel).
+Panels are assigned by option name (`PANELS`), the same name in the same panel in every command,
+and a command's own options (`COMMAND_PANELS`) in a panel of their own; an option named nowhere stays
+in Typer's "Options" panel (tests/test_help.py wants every option of run, eval, bench and calibrate
+in a panel).
 """
 
 from __future__ import annotations
@@ -23,15 +24,24 @@ PANELS: dict[str, str] = {
     **dict.fromkeys(("model", "speculator", "lookahead", "window", "score_layers", "pool", "rows", "score_impl",
                      "speculator_chunk"), MODEL),
     **dict.fromkeys(("keep", "keep_scale", "keep_min", "keep_max", "chunk", "keep_first", "keep_last", "min_tokens",
-                     "min_free", "unit", "max_unit", "unit_score"), SELECTION),
+                     "min_free", "unit", "max_unit", "unit_score", "protect"), SELECTION),
     **dict.fromkeys(("max_tokens", "temperature", "top_p", "seed", "logprobs"), GENERATION),
     **dict.fromkeys(("engine", "device", "dtype", "batch_size", "tp", "max_model_len", "max_prompt_len", "gpu_memory_utilization",
                      "max_num_batched_tokens", "enforce_eager", "max_num_seqs", "kv_cache_dtype",
                      "speculator_placement"), ENGINE),
     **dict.fromkeys(("out", "output_format", "save_scores", "pass_through", "commit_interval", "fresh", "force",
-                     "retry_failed"), OUTPUT),
+                     "retry_failed", "quiet", "verbose"), OUTPUT),
 }
-PANELLED_COMMANDS = ("run",)  # commands whose options are grouped; the others keep one "Options" panel
+# a command's own options: one panel of its own, printed first (`seed` there is the tasks' seed, not sampling's)
+COMMAND_PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "eval": ("Tasks and report", ("task", "lengths", "samples", "seed", "selector", "variant", "compare_tokens",
+                                  "bootstrap", "match_auto", "html")),
+    "bench": ("Benchmark", ("lengths", "batch", "repeats", "warmup", "ttft_limit", "json")),
+    "calibrate": ("Calibration", ("keep_for", "tasks", "lengths", "samples", "seed", "windows", "metric",
+                                  "target_recall", "max_cost", "no_paper", "target_agreement", "target_kl",
+                                  "write_profile", "from_results")),
+}
+PANELLED_COMMANDS = ("run", *COMMAND_PANELS)  # commands whose options are grouped; the others keep one "Options" panel
 
 
 def assign_panels(command, ctx) -> None:
@@ -41,13 +51,15 @@ def assign_panels(command, ctx) -> None:
         return
     from typer.core import TyperOption
 
+    own, own_names = COMMAND_PANELS.get(command.name, (None, ()))
+    panels = {**PANELS, **dict.fromkeys(own_names, own)}
     for param in command.params:
-        if isinstance(param, TyperOption) and getattr(param, "rich_help_panel", None) is None and param.name in PANELS:
-            param.rich_help_panel = PANELS[param.name]
+        if isinstance(param, TyperOption) and getattr(param, "rich_help_panel", None) is None and param.name in panels:
+            param.rich_help_panel = panels[param.name]
     help_option = command.get_help_option(ctx)
     if help_option is not None:
         help_option.rich_help_panel = "Help"
-    rank = {name: i for i, name in enumerate(ORDER)}
+    rank = {name: i for i, name in enumerate((own, *ORDER) if own else ORDER)}
     command.params.sort(key=lambda p: rank.get(getattr(p, "rich_help_panel", None), len(ORDER)))
 
 
