@@ -137,6 +137,15 @@ def load(path: Path) -> dict | None:
         return None
 
 
+def write_summary(out: Path, result: dict) -> list[str]:
+    try:
+        lines = summary_lines(result)
+    except Exception as e:  # a part not as expected: the JSON still holds what there is
+        lines = [f"summary failed ({type(e).__name__}: {e}); see gpu_check_hf.json", json.dumps(result.get("steps"))]
+    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def check(scale: str, out: Path, work: Path, deadline_s: float) -> dict:
     t_start = time.perf_counter()
     result = {"check": "benches/gpu_check_hf.sh", "issue": 32, "startup": startup_info(scale), "steps": []}
@@ -156,7 +165,8 @@ def check(scale: str, out: Path, work: Path, deadline_s: float) -> dict:
         except Exception as e:  # a step's JSON not as expected: the steps' statuses and the log still come back
             result.update(ok=False, report_error=f"{type(e).__name__}: {e}")
         result["wall_s"] = round(time.perf_counter() - t_start, 1)
-        (out / "gpu_check_hf.json").write_text(json.dumps(result, indent=1))  # after every step: a kill keeps it
+        (out / "gpu_check_hf.json").write_text(json.dumps(result, indent=1))  # after every step: a kill keeps them
+        write_summary(out, result)
     if (work / "profile.txt").exists():
         shutil.copy(work / "profile.txt", out / "profile.txt")
     return result
@@ -179,9 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         result = check(scale, args.out, work, args.deadline or DEADLINES[scale])
-    lines = summary_lines(result)
-    (args.out / "summary.txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
+    print("\n".join(write_summary(args.out, result)), flush=True)
     return 0 if result.get("ok") else 1
 
 

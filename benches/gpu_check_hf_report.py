@@ -198,5 +198,6 @@ def summary_lines(r: dict) -> list[str]:
         if isinstance(v, dict):
             verdict = "not judged (tiny scale)" if v["met"] is None else ("met" if v["met"] else "SHORT")
             lines.append(f"target {key}: {_f(v['value'])} (>= {v['target']}): {verdict}")
-    lines.append(f"result: {'ok' if r.get('ok') else 'FAILED'} in {r.get('wall_s', 0):.0f} s")
+    verdict = "ok" if r.get("ok") else "FAILED" if len(r["steps"]) == 5 else f"so far ({len(r['steps'])} of 5 steps)"
+    lines.append(f"result: {verdict} in {r.get('wall_s', 0):.0f} s")
     return lines
