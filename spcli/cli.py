@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import KEEP_SCALE, MAX_UNIT, MIN_FREE, MIN_TOKENS, SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
+from spcli.config import KEEP_SCALE, MAX_UNIT, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
 from spcli import help_panels
 from spcli.device import nvml_device_checks
 from spcli.errors import EXIT_FAILURE, SpcliError
@@ -88,6 +88,7 @@ def run(
     keep_last: Annotated[int, typer.Option(help="Last tokens always kept (question and generation prompt).")] = 64,
     min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are prefilled whole (no speculator).")] = MIN_TOKENS,
     min_free: Annotated[int, typer.Option(help="The rule for short prompts: a row keeps ceil(keep x its tokens), the forced --keep-first/--keep-last included, but at least the forced ones plus this many chosen ones (a 1k-token prompt at keep 0.1 keeps 196, not 103); 0 = the keep rate alone.")] = MIN_FREE,
+    protect: Annotated[str, typer.Option(help="Text never dropped, kept on top of the keep budget: the content of chat messages of these roles, and 'instruction' = a record's instruction field (put before its prompt or first user message), comma-separated; '' = none.")] = PROTECT,
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate per row (a record's max_tokens overrides).")] = 64,
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,
@@ -100,6 +101,7 @@ def run(
     messages_field: Annotated[str, typer.Option(help="Input field holding chat messages.")] = "messages",
     id_field: Annotated[str, typer.Option(help="Input field holding the row id (else <file stem>:<row>).")] = "id",
     output_format: Annotated[str, typer.Option(help="parquet, jsonl or openai (OpenAI batch response lines + a Parquet side output).")] = "parquet",
+    instruction_field: Annotated[str, typer.Option(help="Input field holding an instruction: put before the prompt (or the first user message's content, a blank line between) and never dropped (--protect instruction).")] = "instruction",
     save_scores: Annotated[bool, typer.Option(help="Also write per-token importance.")] = False,
     truncate: Annotated[str, typer.Option(help="Prompts longer than the model's context minus --max-tokens: error = an error row; left = drop their first tokens (keep the end); middle = drop tokens from the middle (keep the start and the end).")] = "error",
     max_record_bytes: Annotated[int, typer.Option(help="Longer input records become error rows without being parsed.")] = 8 << 20,

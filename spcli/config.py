@@ -54,6 +54,8 @@ UNITS = ("sentence", "word", "chunk")  # spcli.engine.units
 MIN_TOKENS = 512  # measured: README, Short prompts
 MIN_FREE = 128  # measured: README, Short prompts
 MAX_UNIT = 32
+PROTECT = "system,instruction"  # chat roles whose messages are never dropped, and the record's instruction field
+INSTRUCTION = "instruction"  # in --protect: the record's instruction (FieldConfig.instruction), put before its prompt
 
 
 def parse_unit_score(text: str) -> tuple[str, int] | None:
@@ -77,6 +79,7 @@ class SelectConfig:
     unit: str = "sentence"  # what is kept or dropped whole: sentence | word | chunk (spcli.engine.units)
     max_unit: int = MAX_UNIT  # unit sentence: a longer sentence is split into word-aligned pieces of ~chunk tokens
     unit_score: str = "mean"  # a unit's score from its tokens' importance: mean | max | topK (mean of its K best)
+    protect: str = PROTECT  # never dropped, outside the budget: messages of these roles, and `instruction` (the field)
     keep_scale: float = KEEP_SCALE  # keep = auto: this many times the chunks that stand out (auto_budget) ...
     keep_min: float = 0.05  # ... but at least this fraction of the prompt ...
     keep_max: float = 0.5  # ... and at most this one
@@ -90,12 +93,17 @@ class SelectConfig:
         _check(self.min_free >= 0, f"--min-free must be >= 0, got {self.min_free}")
         _check(self.unit in UNITS, f"--unit must be one of {', '.join(UNITS)}, got {self.unit!r}")
         _check(self.max_unit >= 1, f"--max-unit must be >= 1, got {self.max_unit}")
+        _check(all(re.fullmatch(r"[A-Za-z_]+", p) for p in self.protect_roles()),
+               f"--protect takes chat roles and 'instruction', comma-separated, got {self.protect!r}")
         _check(parse_unit_score(self.unit_score) is not None,
                f"--unit-score must be mean, max or topK (K >= 1, e.g. top4), got {self.unit_score!r}")
         _check(0.0 < self.keep_scale <= 100.0, f"--keep-scale must be in (0, 100], got {self.keep_scale}")
         _check(0.0 < self.keep_min <= 1.0, f"--keep-min must be in (0, 1], got {self.keep_min}")
         _check(0.0 < self.keep_max <= 1.0, f"--keep-max must be in (0, 1], got {self.keep_max}")
         _check(self.keep_min <= self.keep_max, f"--keep-min ({self.keep_min}) must not exceed --keep-max ({self.keep_max})")
+
+    def protect_roles(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.protect.split(",") if p.strip())
 
     @property
     def prunes(self) -> bool:
@@ -196,6 +204,7 @@ class FieldConfig:
     prompt: str = "prompt"
     messages: str = "messages"
     id: str = "id"
+    instruction: str = "instruction"  # text put before the prompt (or the first user message) and never dropped
 
 
 @dataclass(frozen=True)

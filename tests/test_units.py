@@ -216,3 +216,62 @@ def test_cross_tokenizer_run_keeps_base_units_whole(tiny_other_dir):
             assert kept[free].all() or not kept[free].any(), f"unit {u} cut"
     enc = encode(Record(0, 0, "r", prompt=text), stack.tokenizer)
     assert cut_inside_word(enc.text, enc.offsets, req.units) == []
+
+
+def test_instruction_field_goes_first_and_is_never_dropped(tmp_path, tiny_dir, write_jsonl):
+    """Issue 31: a record's instruction is put before its prompt (or first user message) and kept whole at keep
+    0.1, outside the budget; --protect '' selects it like any other text."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from spcli.cli import app
+    from test_run import read_outputs
+
+    instruction = "Summarise this support ticket in one sentence, then give its category."
+    ticket = "The printer on floor three jams whenever someone prints duplex pages. " * 40
+    src = write_jsonl([{"id": "p", "prompt": ticket, "instruction": instruction},
+                       {"id": "m", "messages": [{"role": "system", "content": "You are terse. " * 20},
+                                                {"role": "user", "content": ticket}], "instruction": instruction}])
+    kept_share = {}
+    for protect in ("system,instruction", ""):
+        out = tmp_path / f"out{protect or 'none'}"
+        res = CliRunner().invoke(app, ["run", str(src), "--out", str(out), "--model", str(tiny_dir), "--speculator",
+                                       "self:2", "--dtype", "float32", "--keep", "0.1", "--max-tokens", "2",
+                                       "--protect", protect, "--save-scores", "--output-format", "jsonl"])
+        assert res.exit_code == 0, res.output
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tiny_dir)
+        rows = {r["id"]: r for r in read_outputs(out)}
+        for rid, rec in (("p", Record(0, 0, "p", prompt=f"{instruction}\n\n{ticket}")),
+                         ("m", Record(0, 0, "m", messages=[{"role": "system", "content": "You are terse. " * 20},
+                                                          {"role": "user", "content": f"{instruction}\n\n{ticket}"}]))):
+            enc = encode(rec, tok)
+            assert len(enc.ids) == rows[rid]["num_prompt_tokens"]
+            start = enc.text.index(instruction)
+            on = [i for i, (a, b) in enumerate(enc.offsets) if a < start + len(instruction) and b > start]
+            kept = set(rows[rid]["kept_indices"])
+            kept_share[protect, rid] = sum(i in kept for i in on) / len(on)
+            if rid == "m":
+                s = enc.text.index("You are terse.")
+                system = [i for i, (a, b) in enumerate(enc.offsets) if a < s + 20 * 15 and b > s]
+                kept_share[protect, "system"] = sum(i in kept for i in system) / len(system)
+        doc = json.loads((out / "manifest.json").read_text())
+        assert doc["fingerprint_fields"]["select"].get("protect") == (protect or None)
+    assert kept_share["system,instruction", "p"] == kept_share["system,instruction", "m"] == 1.0
+    assert kept_share["system,instruction", "system"] == 1.0
+    assert kept_share["", "p"] < 1.0 and kept_share["", "system"] < 1.0  # the same prompts without protection
+
+
+def test_a_bad_instruction_is_an_error_row_naming_the_field(tmp_path):
+    from spcli.config import FieldConfig
+    from spcli.io.records import Shard, to_record
+
+    shard = Shard(0, str(tmp_path / "in.jsonl"), "in")
+    rec = to_record({"prompt": "x", "instruction": 3}, shard, 0, "jsonl", FieldConfig())
+    assert rec.error.endswith("field 'instruction' must be a non-empty string, got 3")
+    rec = to_record({"messages": [{"role": "system", "content": "s"}], "instruction": "do"}, shard, 0, "jsonl", FieldConfig())
+    assert "needs a user message" in rec.error
+    rec = to_record({"prompt": "text", "todo": "do it"}, shard, 1, "jsonl", FieldConfig(instruction="todo"))
+    assert rec.error is None and rec.prompt == "do it\n\ntext" and rec.protected == ("do it",)

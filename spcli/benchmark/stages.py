@@ -93,7 +93,8 @@ def run_spec(m: ModelStack, prompts: list[list[int]], keep: float, select: Selec
     t0 = time.perf_counter()
     requests = _requests(prompts, keep, max_tokens)
     for r, text in zip(requests, texts or []):
-        base_ids, r.speculator_ids, r.alignment, r.units = _cross(m, text, len(r.token_ids), select)
+        base_ids, r.speculator_ids, r.alignment, layout = _cross(m, text, len(r.token_ids), select)
+        r.units = layout.units
         assert base_ids == r.token_ids, "as_text made these ids from this text"
     if texts is None and select.unit != "chunk":
         for r in requests:

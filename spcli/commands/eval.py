@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import MAX_UNIT, MIN_FREE, MIN_TOKENS, SPECULATOR_CHUNK
+from spcli.config import MAX_UNIT, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK
 
 
 def _help() -> str:
@@ -50,6 +50,7 @@ def register(app: typer.Typer) -> None:
         unit: Annotated[str, typer.Option(help="Selection unit: sentence, word or chunk, as `spcli run --unit` (the paper's recipe row always selects chunks).")] = "sentence",
         max_unit: Annotated[int, typer.Option(help="--unit sentence: the longest sentence kept whole, as `spcli run --max-unit`.")] = MAX_UNIT,
         unit_score: Annotated[str, typer.Option(help="A unit's score: mean, max or topK, as `spcli run --unit-score`.")] = "mean",
+        protect: Annotated[str, typer.Option(help="Text never dropped, as `spcli run --protect` (needle-first marks its instruction; --variant protect= compares without).")] = PROTECT,
         keep_min: Annotated[float, typer.Option(help="auto:P policies: the least fraction of a prompt kept.")] = 0.05,
         keep_max: Annotated[float, typer.Option(help="auto:P policies: the most fraction of a prompt kept.")] = 0.5,
         match_auto: Annotated[bool, typer.Option("--match-auto/--no-match-auto", help="Per auto:P policy, also run a fixed keep at its mean kept fraction and compare the two, paired.")] = True,
@@ -77,7 +78,7 @@ def register(app: typer.Typer) -> None:
             seed=seed, max_tokens=max_tokens, compare_tokens=compare_tokens, bootstrap=bootstrap, dtype=dtype,
             device=device, html=html, match_auto=match_auto, speculator_chunk=speculator_chunk,
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
-                                min_free=min_free, unit=unit, max_unit=max_unit, unit_score=unit_score,
+                                min_free=min_free, unit=unit, max_unit=max_unit, unit_score=unit_score, protect=protect,
                                 keep_min=keep_min, keep_max=keep_max),
             score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows),
             fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),

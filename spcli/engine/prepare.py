@@ -36,19 +36,20 @@ def request_for(rec: Record, cfg: RunConfig, stack: ModelStack) -> PrunedRequest
     limits = (stack.max_prompt_tokens(max_tokens), cfg.truncate, stack.prompt_limit(max_tokens))
     prunes = keep == AUTO or keep < 1.0
     spec = stack.speculator_tokens if prunes else None  # never read at keep 1.0
-    spec_ids = alignment = units = None
+    spec_ids = alignment = layout = None
     if not prunes:
         ids = tokenize(rec, stack.tokenizer, *limits)
     elif spec is None:
-        ids, units = tokenize_units(rec, stack.tokenizer, *limits, cfg.select)
+        ids, layout = tokenize_units(rec, stack.tokenizer, *limits, cfg.select)
     else:  # the speculator has another tokenizer: it reads the same text in its own tokens
-        ids, spec_ids, alignment, units = cross_tokenize(rec, stack.tokenizer, spec.tokenizer, *limits,
-                                                         spec.max_positions, cfg.select)
+        ids, spec_ids, alignment, layout = cross_tokenize(rec, stack.tokenizer, spec.tokenizer, *limits,
+                                                          spec.max_positions, cfg.select)
     temperature = rec.temperature if rec.temperature is not None else cfg.generate.temperature
     return PrunedRequest(
         record_id=rec.id, token_ids=ids, kept=torch.arange(len(ids)), max_tokens=max_tokens,
         temperature=temperature, seed=row_seed(cfg.generate.seed, rec.id), keep=keep,
-        num_logprobs=cfg.generate.logprobs, speculator_ids=spec_ids, alignment=alignment, units=units,
+        num_logprobs=cfg.generate.logprobs, speculator_ids=spec_ids, alignment=alignment,
+        units=layout and layout.units, protected=layout and layout.protected,
     )
 
 
@@ -109,7 +110,7 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
         t0 = time.perf_counter()
         req.importance = carry(spec.importance, req.alignment)  # [n]: the base's tokens (as is: same tokenizer)
         req.unpooled = None if spec.unpooled is None else carry(spec.unpooled, req.alignment)
-        req.kept = select_tokens(req.importance, select, req.keep, req.forced, req.unpooled, req.units)
+        req.kept = select_tokens(req.importance, select, req.keep, req.forced, req.unpooled, req.units, req.protected)
         req.speculate_s = spec.speculate_s + time.perf_counter() - t0
     return out
 

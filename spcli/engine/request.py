@@ -32,6 +32,7 @@ class PrunedRequest:
     speculator_ids: list[int] | None = None  # [n_spec] the prompt in a speculator's own tokenizer (cross-tokenizer)
     alignment: Alignment | None = None  # speculator tokens -> base tokens, with speculator_ids
     units: torch.Tensor | None = None  # [n] int64 selection unit of each token (spcli.engine.units), when pruned
+    protected: torch.Tensor | None = None  # [n] bool tokens never dropped (SelectConfig.protect), when there are any
 
     @property
     def speculator_token_ids(self) -> list[int]:

@@ -90,6 +90,41 @@ def encode(record: Record, tokenizer) -> Encoded:
     return Encoded(text, ids, [(int(a), int(b)) for a, b in enc["offset_mapping"]], regions)
 
 
+@dataclass
+class Layout:
+    """What selection reads of a prompt's text besides its ids."""
+
+    units: torch.Tensor  # [n] int64 selection unit of each token (spcli.engine.units)
+    protected: torch.Tensor | None  # [n] bool tokens never dropped (select.protect), None when there are none
+
+
+def layout_of(enc: Encoded, record: Record, kept: range | list[int], select) -> Layout:
+    """Units and protected tokens of the kept positions of an encoded record."""
+    return Layout(units_of(enc, kept, select), protected_of(enc, record, kept, select))
+
+
+def protected_of(enc: Encoded, record: Record, kept: range | list[int], select) -> torch.Tensor | None:
+    """[len(kept)] bool: tokens touching a protected text: the content of messages whose role select.protect names,
+    and the record's instruction where it names `instruction`; None when nothing is protected."""
+    from spcli.config import INSTRUCTION
+
+    roles = set(select.protect_roles())
+    spans = []
+    if record.messages is not None and roles:
+        spans += [r for r, m in zip(enc.regions, record.messages) if m.get("role") in roles]
+    if INSTRUCTION in roles:
+        cursor = 0
+        for text in record.protected:
+            if (start := enc.text.find(text, cursor)) >= 0:
+                spans.append((start, start + len(text)))
+                cursor = start + len(text)
+    if not spans:
+        return None
+    mask = torch.tensor([any(a < e and b > s for s, e in spans) for a, b in enc.offsets], dtype=torch.bool)
+    mask = mask[torch.as_tensor(list(kept), dtype=torch.int64)] if len(kept) < len(enc.ids) else mask
+    return mask if bool(mask.any()) else None
+
+
 def units_of(enc: Encoded, kept: range | list[int], select) -> torch.Tensor:
     """[len(kept)] int64 selection units (spcli.engine.units) of the kept positions of an encoded prompt."""
     from spcli.engine import units
@@ -108,18 +143,18 @@ def units_from_ids(tokenizer, ids: list[int], select) -> torch.Tensor:
 
 
 def tokenize_units(record: Record, tokenizer, max_prompt_tokens: int, truncate: str, limit: str,
-                   select) -> tuple[list[int], torch.Tensor]:
-    """Token ids as `tokenize` makes them, with each token's selection unit ([n] int64) from the text's
-    words and sentences (spcli.engine.units; `select`: a resolved SelectConfig)."""
+                   select) -> tuple[list[int], Layout]:
+    """Token ids as `tokenize` makes them, with their Layout: each token's selection unit from the text's
+    words and sentences (spcli.engine.units) and the protected ones (`select`: a resolved SelectConfig)."""
     enc = encode(record, tokenizer)
     kept = kept_positions(len(enc.ids), max_prompt_tokens, truncate, limit)
-    return [enc.ids[i] for i in kept], units_of(enc, kept, select)
+    return [enc.ids[i] for i in kept], layout_of(enc, record, kept, select)
 
 
 def cross_tokenize(record: Record, tokenizer, speculator_tokenizer, max_prompt_tokens: int, truncate: str,
                    limit: str = "", speculator_max_positions: int = 1 << 30, select=None):
     """Base ids, speculator ids, their Alignment (spcli.engine.align) for a speculator of another tokenizer,
-    and the base tokens' selection units ([n] int64; None without `select`): each reads the same text (a raw
+    and the base tokens' Layout (units, protected; None without `select`): each reads the same text (a raw
     prompt as is, the messages in its own chat template). Truncation cuts the base's tokens as `tokenize`
     does; the speculator drops what only they covered."""
     from spcli.engine.align import align, restrict
@@ -135,5 +170,5 @@ def cross_tokenize(record: Record, tokenizer, speculator_tokenizer, max_prompt_t
         raise RecordError(f"the prompt is {len(spec_ids)} tokens in the speculator's tokenizer, more than its "
                           f"max_position_embeddings {speculator_max_positions}; use --truncate left|middle with a "
                           "lower limit, or another speculator")
-    units = None if select is None else units_of(base, kept, select)
-    return [base.ids[i] for i in kept], spec_ids, alignment, units
+    layout = None if select is None else layout_of(base, record, kept, select)
+    return [base.ids[i] for i in kept], spec_ids, alignment, layout

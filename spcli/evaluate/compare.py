@@ -22,7 +22,7 @@ from spcli.engine import hf_pass, load
 from spcli.engine.load import ModelStack
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.engine.select import is_over_budget
-from spcli.engine.tokenize import cross_tokenize, tokenize, tokenize_units
+from spcli.engine.tokenize import Layout, cross_tokenize, tokenize, tokenize_units
 from spcli.evaluate import metrics
 from spcli.evaluate.config import SELECT_VARIANT_FIELDS, EvalConfig, is_auto, policy_order, policy_select, variant_label
 from spcli.evaluate.selectors import USES_SPECULATOR, Signals, carried, random_seed, select, speculator_signals
@@ -170,16 +170,17 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
     picks += [(o.label, "specprefill", other_signals[o.label], o.cfg.select) for o in others]
     names = [name for name, *_ in picks]
     seed = random_seed(cfg.seed, example.id)
-    record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
-    units: dict[tuple, torch.Tensor] = {}
+    record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages, protected=example.protected)
+    layouts: dict[tuple, Layout] = {}
 
-    def units_for(select_cfg) -> torch.Tensor | None:
-        """The example's selection units under one selection config (spcli run's, from the text), made once."""
-        key = (select_cfg.unit, select_cfg.chunk, select_cfg.max_unit)
-        if select_cfg.unit != "chunk" and key not in units:
-            unit_ids, units[key] = tokenize_units(record, m.tokenizer, n, "error", "", select_cfg)
-            assert unit_ids == ids, "prompt_ids and tokenize_units read the example alike"
-        return units.get(key)
+    def layout_for(select_cfg) -> Layout:
+        """The example's selection units and protected tokens under one selection config (spcli run's, from the
+        text), made once."""
+        key = (select_cfg.unit, select_cfg.chunk, select_cfg.max_unit, select_cfg.protect)
+        if key not in layouts:
+            layout_ids, layouts[key] = tokenize_units(record, m.tokenizer, n, "error", "", select_cfg)
+            assert layout_ids == ids, "prompt_ids and tokenize_units read the example alike"
+        return layouts[key]
 
     for keep in sorted(set(cfg.keeps), key=policy_order):
         chosen: dict[str, torch.Tensor] = {}
@@ -187,7 +188,7 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
         for name, selector, sig, base in picks:
             select_cfg, rate = policy_select(base, keep)
             t0 = time.perf_counter()
-            chosen[name] = select(selector, n, sig, select_cfg, rate, seed, units_for(select_cfg))
+            chosen[name] = select(selector, n, sig, select_cfg, rate, seed, layout_for(select_cfg))
             select_s[name] = time.perf_counter() - t0
         pruned = [s for s in names if chosen[s].numel() < n]
         gens: dict[str, Generation] = {s: ref for s in names if s not in pruned}

@@ -38,8 +38,8 @@ def parse_policy(text: str, default_scale: float = SelectConfig.keep_scale) -> f
 
 
 VARIANT_FIELDS = {"lookahead": int, "window": int, "score_layers": str, "pool": int, "rows": str, "chunk": int,
-                  "unit": str, "max_unit": int, "unit_score": str, "min_free": int}
-SELECT_VARIANT_FIELDS = ("chunk", "unit", "max_unit", "unit_score", "min_free")  # SelectConfig's; the rest ScoreConfig's
+                  "unit": str, "max_unit": int, "unit_score": str, "min_free": int, "protect": str}
+SELECT_VARIANT_FIELDS = ("chunk", "unit", "max_unit", "unit_score", "min_free", "protect")  # SelectConfig's; the rest ScoreConfig's
 
 
 def parse_variant(text: str) -> tuple[tuple[str, object], ...]:

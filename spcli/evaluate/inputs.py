@@ -54,7 +54,7 @@ def read_examples(inputs: tuple[str, ...], limit: int, fields: FieldConfig = Fie
                 continue
             examples.append(Example(
                 rec.id, "input", messages=rec.messages, prompt=rec.prompt, answers=answers.get(rec.row, ()),
-                max_tokens=rec.max_tokens or 24,
+                max_tokens=rec.max_tokens or 24, protected=rec.protected,
             ))
             if len(examples) >= limit:
                 return examples

@@ -83,12 +83,14 @@ def needle_date(rng, filler, length, _):
 
 
 def needle_first(rng, filler, length, _):
+    """The instruction (with the question) first: what a record's instruction field holds, so the example marks
+    it protected (`spcli run --protect instruction`); `--variant protect=` selects as if it were not."""
     thing, code = _thing(rng), _code(rng)
     needle = f"The access code for the {thing} vault is {code}."
-    build, meta = _buried(rng, filler, needle, lambda text: (
-        f"Answer the question about the notes below. Question: what is the access code for the {thing} vault? "
-        f"Answer with the code only.\n\nNotes:\n{text}"))
-    return build, (code,), (needle,), meta
+    instruction = (f"Answer the question about the notes below. Question: what is the access code for the {thing} "
+                   "vault? Answer with the code only.")
+    build, meta = _buried(rng, filler, needle, lambda text: f"{instruction}\n\nNotes:\n{text}")
+    return build, (code,), (needle,), meta | {"instruction": instruction}
 
 
 BUILDERS = {  # task -> (builder, number of needles, max_tokens, all answers required): as tasks.BUILDERS

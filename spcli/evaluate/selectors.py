@@ -146,12 +146,14 @@ def config_for(selector: str, cfg: SelectConfig) -> SelectConfig:
 
 
 def select(selector: str, n: int, signals: Signals | None, cfg: SelectConfig, keep: float | str, seed: int,
-           units: torch.Tensor | None = None) -> torch.Tensor:
+           layout=None) -> torch.Tensor:
     """Kept indices [m] int64, ascending, for one prompt of n tokens (all of them when it is not pruned);
-    `units`: [n] the prompt's selection units (spcli.engine.units), which the paper's recipe does not use."""
+    `layout`: the prompt's selection units and protected tokens (spcli.engine.tokenize.Layout); the paper's
+    recipe selects fixed chunks."""
     cfg = config_for(selector, cfg)
     if not is_pruned(n, cfg, keep):
         return torch.arange(n)  # short prompt or keep 1.0: no speculator pass was needed
     forced = signals.forced if signals is not None and selector in USES_SPECULATOR else None
     unpooled = None if signals is None else signals.unpooled  # keep auto: the speculator's budget, for every selector
-    return select_tokens(importance_for(selector, n, signals, cfg, seed), cfg, keep, forced, unpooled, units)
+    units, protected = (None, None) if layout is None else (layout.units, layout.protected)
+    return select_tokens(importance_for(selector, n, signals, cfg, seed), cfg, keep, forced, unpooled, units, protected)

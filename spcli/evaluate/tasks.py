@@ -57,6 +57,7 @@ class Example:
     answers: tuple[str, ...] = ()  # references
     require_all: bool = False  # answers are all required (scored as the fraction found), not alternatives
     needles: tuple[str, ...] = ()  # sentences that carry the answer, verbatim in the prompt
+    protected: tuple[str, ...] = ()  # texts of the prompt a user marks never dropped (an instruction field), in order
     max_tokens: int = 24
     metadata: dict = field(default_factory=dict)
 
@@ -250,7 +251,8 @@ def generate(task: str, tokenizer, length: int, num_samples: int, seed: int) -> 
         build, answers, needles, meta = make(rng, filler, length, num_values)
         messages = _fit(tokenizer, length, build)
         out.append(Example(f"{task}-{length}-{seed}-{i}", task, messages=messages, answers=answers,
-                           require_all=require_all, needles=needles, max_tokens=max_tokens, metadata=meta))
+                           require_all=require_all, needles=needles, max_tokens=max_tokens, metadata=meta,
+                           protected=(meta["instruction"],) if "instruction" in meta else ()))
     return out
 
 

@@ -55,6 +55,7 @@ class Record:
     temperature: float | None = None
     custom_id: str | None = None  # OpenAI batch request lines
     endpoint: str | None = None  # "/v1/chat/completions" (messages) | "/v1/completions" (prompt)
+    protected: tuple[str, ...] = ()  # texts of the prompt never dropped (its instruction field), in order
     error: str | None = None  # set when the record is bad: it becomes an error row
 
 
@@ -212,6 +213,22 @@ def _openai_request(obj: dict, rec: Record) -> dict:
     return body
 
 
+def put_instruction(rec: Record, instruction, field: str) -> None:
+    """The record's instruction goes first: before its prompt, or its first user message's content (a blank line
+    between), and is protected (`spcli run --protect instruction`: never dropped, outside the keep budget)."""
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise RecordError(f"field {field!r} must be a non-empty string, got {instruction!r}")
+    if rec.prompt is not None:
+        rec.prompt = f"{instruction}\n\n{rec.prompt}"
+    else:
+        first = next((i for i, m in enumerate(rec.messages) if m.get("role") == "user"), None)
+        if first is None:
+            raise RecordError(f"field {field!r} needs a user message to go before, and 'messages' has none")
+        rec.messages = [dict(m) for m in rec.messages]
+        rec.messages[first]["content"] = f"{instruction}\n\n{rec.messages[first]['content']}"
+    rec.protected = (instruction,)
+
+
 def to_record(obj: Any, shard: Shard, row: int, kind: str, fields: FieldConfig) -> Record:
     """Validate one decoded record; a problem becomes `Record.error` naming file, row and field."""
     rec = Record(shard.index, row, f"{shard.id_prefix}:{row}")
@@ -251,6 +268,8 @@ def to_record(obj: Any, shard: Shard, row: int, kind: str, fields: FieldConfig) 
             rec.endpoint = rec.endpoint or "/v1/completions"
         else:
             raise RecordError(f"field {prompt_key!r} (or {messages_key!r}) is missing or null")
+        if src.get(fields.instruction) is not None:
+            put_instruction(rec, src[fields.instruction], fields.instruction)
         rec.max_tokens = _number(src, max_key, int, 1, 1 << 20, max_key)
         rec.keep = _keep(src)
         rec.temperature = _number(src, "temperature", float, 0, 100, "temperature")
