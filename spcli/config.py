@@ -258,6 +258,7 @@ class RunConfig:
     fresh: bool = False
     force: bool = False
     retry_failed: bool = False  # redo the committed error rows (each replaced in place), then go on
+    pass_through: tuple[str, ...] = ()  # input columns copied into the output rows (a comma-separated string is split)
     select: SelectConfig = field(default_factory=SelectConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
@@ -277,6 +278,10 @@ class RunConfig:
         check_speculator_chunk(self.speculator_chunk)
         _check(not (self.fresh and self.retry_failed), "--fresh and --retry-failed cannot be used together "
                                                        "(--fresh deletes the rows to retry)")
+        if isinstance(self.pass_through, str):
+            object.__setattr__(self, "pass_through", tuple(c.strip() for c in self.pass_through.split(",")))
+        object.__setattr__(self, "pass_through", tuple(dict.fromkeys(self.pass_through)))
+        _check(all(self.pass_through), f"--pass-through takes column names, comma-separated, got {self.pass_through}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -293,14 +298,18 @@ class RunConfig:
         else:  # unused at a fixed keep; its predecessor's default stands in so that directories made before resume
             del d["select"]["keep_scale"]
             d["select"]["keep_mass"] = 0.8
-        if d["score"]["rows"] in (None, "mean"):  # mean is what runs before --rows did: their directories resume
-            d["score"].pop("rows")
-        d.pop("vllm")  # parallelism, memory and placement: same outputs
-        if self.vllm.kv_cache_dtype != "auto":  # fp8 KV rounds differently; absent at auto, as before
-            d["kv_cache_dtype"] = self.vllm.kv_cache_dtype
         if d["select"]["unit"] == "chunk":  # fixed chunks select as before units existed: those directories resume
             for k in ("unit", "max_unit", "unit_score"):
                 del d["select"][k]
         if d["select"]["min_free"] == 0:  # likewise the budget before its floor
             del d["select"]["min_free"]
+        if not d["select"]["protect"]:  # and nothing protected
+            del d["select"]["protect"]
+        if d["score"]["rows"] in (None, "mean"):  # mean is what runs before --rows did: their directories resume
+            d["score"].pop("rows")
+        d.pop("vllm")  # parallelism, memory and placement: same outputs
+        if not d["pass_through"]:  # absent without it, as before: those directories resume
+            d.pop("pass_through")
+        if self.vllm.kv_cache_dtype != "auto":  # fp8 KV rounds differently; absent at auto, as before
+            d["kv_cache_dtype"] = self.vllm.kv_cache_dtype
         return d
