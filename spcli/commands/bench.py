@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import SPECULATOR_CHUNK
+from spcli.config import MIN_FREE, SPECULATOR_CHUNK
 
 
 def _help() -> str:
@@ -39,6 +39,8 @@ def register(app: typer.Typer) -> None:
         pool: Annotated[Optional[int], typer.Option(help="Average-pool kernel over token scores (odd; 1 = none). Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
         rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (smollm2-135m: max, measured; otherwise mean).", show_default=False)] = None,
         chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
+        unit: Annotated[str, typer.Option(help="Selection unit: sentence, word or chunk, as `spcli run --unit` (units read from the prompt ids decoded one by one, timed with the speculator).")] = "sentence",
+        min_free: Annotated[int, typer.Option(help="At least the forced tokens plus this many chosen ones, as `spcli run --min-free`.")] = MIN_FREE,
         keep_first: Annotated[int, typer.Option(help="First tokens always kept.")] = 4,
         keep_last: Annotated[int, typer.Option(help="Last tokens always kept.")] = 64,
         score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
@@ -59,7 +61,8 @@ def register(app: typer.Typer) -> None:
             lengths=split_list(lengths, int, "--lengths"), batch=batch, repeats=repeats, warmup=warmup,
             max_tokens=max_tokens, ttft_limit_s=ttft_limit, seed=seed, dtype=dtype, device=device, json=json,
             speculator_chunk=speculator_chunk,
-            select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=0),
+            select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=0,
+                                unit=unit, min_free=min_free),
             score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows, impl=score_impl),
         )
         results = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import KEEP_SCALE, SPECULATOR_CHUNK
+from spcli.config import KEEP_SCALE, MIN_TOKENS, SPECULATOR_CHUNK
 
 
 def register(app: typer.Typer) -> None:
@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         keep_scale: Annotated[float, typer.Option(help="--keep-for: keep auto's scale, as `spcli run --keep-scale`.")] = KEEP_SCALE,
         keep_min: Annotated[float, typer.Option(help="--keep-for: keep auto's least fraction, as `spcli run --keep-min`.")] = 0.05,
         keep_max: Annotated[float, typer.Option(help="--keep-for: keep auto's most fraction, as `spcli run --keep-max`.")] = 0.5,
-        min_tokens: Annotated[int, typer.Option(help="--keep-for: prompts shorter than this are not pruned, as in `spcli run`.")] = 256,
+        min_tokens: Annotated[int, typer.Option(help="--keep-for: prompts shorter than this are not pruned, as in `spcli run`.")] = MIN_TOKENS,
         window: Annotated[Optional[int], typer.Option(help="--keep-for: as `spcli run --window`. Default: the model's.", show_default=False)] = None,
         lookahead: Annotated[Optional[int], typer.Option(help="--keep-for: as `spcli run --lookahead`. Default: the model's.", show_default=False)] = None,
         score_layers: Annotated[Optional[str], typer.Option(help="--keep-for: as `spcli run --score-layers`. Default: the model's.", show_default=False)] = None,
