@@ -23,13 +23,13 @@ def read_model_config(path: Path) -> dict:
 
 def engine_dtype(cfg: RunConfig, is_cpu: bool) -> str:
     """The dtype of vLLM's base and of the speculator (driver copy or worker replicas): --dtype, or for auto
-    the one spcli.dtype picks for vLLM's device type (CUDA: the model's; the CPU build: the model's only
-    where the CPU has AMX, else float32), so base, speculator and the resume fingerprint agree."""
+    the one spcli.dtype picks for the vllm engine on vLLM's device type (CUDA: the model's; the CPU build:
+    per the CPU's features, spcli.dtype.CPU_DTYPE), so base, speculator and the resume fingerprint agree."""
     import torch
 
     from spcli.dtype import resolve_dtype
 
-    return resolve_dtype(cfg.dtype, cfg.model, torch.device("cpu" if is_cpu else "cuda"))[0]
+    return resolve_dtype(cfg.dtype, cfg.model, torch.device("cpu" if is_cpu else "cuda"), engine="vllm")[0]
 
 
 def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool) -> dict:
