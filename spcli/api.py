@@ -115,8 +115,18 @@ def prefill(records: list[dict], **flags) -> list[dict]:
             return []
         out = Path(tmp) / "out"
         run([shard], out, **flags)
-        rows = list(load_run(out).rows())
+        rows = [row for part in load_run(out).parts for row in _part_rows(part)]
     if not flags.get("save_scores"):
         for row in rows:
             row.pop("importance", None)
     return rows
+
+
+def _part_rows(part: Path) -> list[dict]:
+    """Every column of a committed part file (input columns carried by --pass-through included)."""
+    import orjson
+    import pyarrow.parquet as pq
+
+    if part.suffix == ".parquet":
+        return pq.read_table(part).to_pylist()
+    return [orjson.loads(line) for line in part.read_bytes().splitlines() if line.strip()]

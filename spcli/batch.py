@@ -8,6 +8,9 @@ built here, not in the engines, which only return Generations or RecordErrors.
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Iterator
+from itertools import islice
 
 from spcli.config import RunConfig
 from spcli.engine.prepare import prepare
@@ -67,6 +70,82 @@ def over_budget_warning(count: int, num_rows: int, select) -> str:
             "(or --keep-first) or raise --keep for prompts this short")
 
 
+def prepared(engine, records: list[Record], cfg: RunConfig, shard_paths: dict[int, str], on_stage=lambda text: None,
+             should_stop=lambda: False) -> list[PrunedRequest | RowResult]:
+    """Per record, in order: its checked request for the base pass, or its error row (a bad record, a prepare
+    RecordError, or one the engine refuses)."""
+    out: list[PrunedRequest | RowResult] = []
+    todo = []
+    for rec in records:
+        out.append(error_row(rec, shard_paths, rec.error) if rec.error is not None else None)
+        if rec.error is None:
+            todo.append(len(out) - 1)
+    for i, req in zip(todo, prepare([records[i] for i in todo], cfg, engine.stack, on_stage, should_stop)):
+        try:
+            if isinstance(req, RecordError):
+                raise req
+            engine.check(req)
+            out[i] = req
+        except RecordError as e:
+            out[i] = error_row(records[i], shard_paths, f"{where_of(records[i], shard_paths)}: {e}")
+    return out
+
+
+def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard_paths: dict[int, str], window: int,
+                on_window=lambda records: None, on_stage=lambda text: None, should_stop=lambda: False,
+                should_drain=lambda: False) -> Iterator[tuple[Record, RowResult]]:
+    """The job loop of an engine that takes requests as they come (`stream`: vllm_stream.VllmStream): records are
+    read `window` at a time, prepared (tokenize -> speculate -> select: prepare.py) and handed to the base engine at
+    once, up to stream.limit(...) in flight (what vLLM's KV cache and max_num_seqs run, twice over); the next
+    window is scored whenever fewer than one running set is waiting. Rows come back as they finish, in any order;
+    the caller puts them back in read order. should_stop() is asked between engine steps (StopAtSafePoint: the
+    requests in flight are the caller's to abort); once should_drain() says yes, nothing more is read or
+    submitted (scored requests not yet in the engine are dropped) and the loop ends when the engine is empty.
+    on_window(records) sees each window before it is prepared."""
+    pending: deque[tuple[Record, PrunedRequest, float]] = deque()  # prepared, not yet in the engine
+    started: dict[str, tuple] = {}  # key -> (record, request, when its window was read, when it was submitted)
+    tokens, count = 0, 0  # kept + generated tokens of the requests submitted so far, for the KV-bound limit
+    is_exhausted = False
+    while True:
+        if not is_exhausted and should_drain():
+            is_exhausted = True
+            pending.clear()  # never started: redone on resume
+        size = tokens / count if count else 0
+        if not is_exhausted and len(pending) < stream.capacity(size):
+            batch = list(islice(records, window))
+            is_exhausted = not batch
+            if batch:
+                on_window(batch)
+                t0 = time.perf_counter()
+                for rec, item in zip(batch, prepared(engine, batch, cfg, shard_paths, on_stage, should_stop)):
+                    if isinstance(item, RowResult):
+                        yield rec, item
+                    else:
+                        pending.append((rec, item, t0))
+        while pending and stream.num_in_flight < stream.limit(size):
+            rec, req, t0 = pending.popleft()
+            try:
+                key = stream.submit(req)
+            except RecordError as e:
+                yield rec, error_row(rec, shard_paths, f"{where_of(rec, shard_paths)}: {e}")
+                continue
+            started[key] = (rec, req, t0, time.perf_counter())
+            tokens, count = tokens + int(req.kept.numel()) + req.max_tokens, count + 1
+        if not stream.num_in_flight:
+            if is_exhausted and not pending:
+                return
+            continue
+        if should_stop():
+            raise StopAtSafePoint
+        on_stage(f"base pass: {stream.num_in_flight} rows in vLLM, {len(pending)} scored and waiting")
+        for key, gen in stream.poll():
+            rec, req, t0, t_added = started.pop(key)
+            if isinstance(gen, RecordError):
+                yield rec, error_row(rec, shard_paths, f"{where_of(rec, shard_paths)}: {gen}")
+            else:
+                yield rec, output_row(rec, shard_paths, req, gen, t_added - t0, cfg.save_scores, engine.stack.tokenizer)
+
+
 def run_batch(engine, records: list[Record], cfg: RunConfig, shard_paths: dict[int, str],
               on_stage=lambda text: None, should_stop=lambda: False) -> list[RowResult]:
     """One row per record, in order. `engine`: HFEngine or VllmEngine (stack, check, generate).
@@ -77,21 +156,12 @@ def run_batch(engine, records: list[Record], cfg: RunConfig, shard_paths: dict[i
     """
     t0 = time.perf_counter()
     rows: list[RowResult | None] = [None] * len(records)
-    todo = []
-    for i, rec in enumerate(records):
-        if rec.error is not None:
-            rows[i] = error_row(rec, shard_paths, rec.error)
-        else:
-            todo.append(i)
     ready: list[tuple[int, PrunedRequest]] = []
-    for i, req in zip(todo, prepare([records[i] for i in todo], cfg, engine.stack, on_stage, should_stop)):
-        try:
-            if isinstance(req, RecordError):
-                raise req
-            engine.check(req)
-            ready.append((i, req))
-        except RecordError as e:
-            rows[i] = error_row(records[i], shard_paths, f"{where_of(records[i], shard_paths)}: {e}")
+    for i, item in enumerate(prepared(engine, records, cfg, shard_paths, on_stage, should_stop)):
+        if isinstance(item, RowResult):
+            rows[i] = item
+        else:
+            ready.append((i, item))
     if ready:
         if should_stop():
             raise StopAtSafePoint

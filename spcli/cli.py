@@ -93,7 +93,7 @@ def run(
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,
     logprobs: Annotated[int, typer.Option(help="Per generated token, its logprob and the top N alternatives (column `logprobs`); 0 = off.")] = 0,
-    batch_size: Annotated[int, typer.Option(help="Rows the engine runs together; one committed part holds every batch finished in --commit-interval.")] = 8,
+    batch_size: Annotated[int, typer.Option(help="hf: rows prefilled and decoded together. vllm: the speculator window, records scored together while vLLM runs as many rows as its KV cache and --max-num-seqs hold (docs/engine-loop.md). One committed part holds every row finished in --commit-interval.")] = 8,
     dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there); the start banner says which and why.")] = "auto",
     engine: Annotated[str, typer.Option(help="hf (transformers) or vllm.")] = "hf",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",

@@ -250,6 +250,14 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
         retried = retry.retry_failed(cfg, out, manifest, committer, shards, failed, ids, paths, get_engine, stop,
                                      lambda: _check_stop(stop, committer, manifest), progress)
     over_budget = 0
+    if todo and cfg.engine == "vllm":  # the streaming job loop (spcli/job_loop.py): vLLM kept full across shards
+        from spcli.job_loop import stream_shards
+
+        engine = engine or build_engine(cfg)
+        _check_stop(stop, committer, manifest)
+        over_budget = stream_shards(engine, cfg, todo, manifest, committer, ids, paths, stop, progress, warned,
+                                    lambda: _check_stop(stop, committer, manifest))
+        todo = []
     for shard in todo:
         prog = manifest.shards[shard.index]
         try:

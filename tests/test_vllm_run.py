@@ -400,3 +400,110 @@ def test_tensor_parallel_2_shares_the_speculator_between_both_ranks(tmp_path_fac
     for r, got in zip(ref, pruned, strict=True):
         torch.testing.assert_close(got.importance, r.importance, rtol=1e-5, atol=1e-8)  # ranks run 1 thread each
         assert got.kept.numel() == max(-(-3 * len(got.token_ids) // 10), 4 + 64)
+
+
+def shard_rows(out: Path) -> dict[str, list[dict]]:
+    """Committed rows per shard path, in commit order."""
+    import pyarrow.parquet as pq
+
+    by_shard: dict[str, list[dict]] = {}
+    for doc in read_manifests(out):
+        for shard in doc["shards"].values():
+            rows = [r for part in shard["parts"] for r in pq.read_table(out / part).to_pylist()]
+            by_shard.setdefault(shard["path"], []).extend(rows)
+    return by_shard
+
+
+@needs_vllm
+def test_stream_spans_shards_in_read_order_exactly_once(pruned_run, shared_engine, monkeypatch, tiny_dir, tmp_path):
+    """Two shards through the streaming loop with a window of 2 (--batch-size): more than a window is in vLLM at
+    once, rows finish in any order but are committed per shard in read order, once each, with error rows for a
+    bad record and a repeated id; the pruned rows are those of the uninterrupted 6-row run."""
+    from spcli.engine.vllm_stream import VllmStream
+
+    rows = chat_rows()
+    a = write_jsonl(tmp_path / "a.jsonl", [rows[5], {"id": "bad", "prompt": 7}, rows[0], rows[3]])
+    b = write_jsonl(tmp_path / "b.jsonl", [rows[1], {**rows[2], "id": "q0"}, rows[2], rows[4]])
+    seen = []
+    submit = VllmStream.submit
+    monkeypatch.setattr(VllmStream, "submit", lambda self, req: (submit(self, req), seen.append(self.num_in_flight))[0])
+    code, output, exc = spcli_run(str(a), str(b), "--out", str(tmp_path / "out"), "--engine", "vllm",
+                                  "--speculator", str(tiny_dir), *COMMON, *PRUNED)
+    assert code == 0, (output, exc)
+    assert "done: 8 rows (2 failed" in output
+    assert max(seen) > 2, seen  # not one window at a time
+    got = shard_rows(tmp_path / "out")
+    assert [r["id"] for r in got[str(a)]] == ["q5", "bad", "q0", "q3"]
+    assert [r["id"] for r in got[str(b)]] == ["q1", "q0", "q2", "q4"]
+    assert [r["row"] for r in got[str(a)]] == [0, 1, 2, 3] and [r["row"] for r in got[str(b)]] == [0, 1, 2, 3]
+    assert "field 'prompt' must be a string" in got[str(a)][1]["error"]
+    assert "duplicate id 'q0'" in got[str(b)][1]["error"]
+    for row in got[str(a)] + got[str(b)]:
+        if row["error"] is None:
+            want = pruned_run[row["id"]]
+            assert (row["kept_indices"], row["output"]) == (want["kept_indices"], want["output"]), row["id"]
+    docs = read_manifests(tmp_path / "out")
+    assert all(s["done"] for doc in docs for s in doc["shards"].values())
+
+
+def stop_after_first_commit(monkeypatch, signum: int) -> None:
+    """This process signals itself once the first rows are committed (as Ctrl-C or Slurm would, mid-job)."""
+    from spcli.io.commit import Committer
+
+    commit = Committer.commit
+    sent = []
+
+    def commit_then_signal(self, *args, **kwargs):
+        had_rows = self.has_rows
+        commit(self, *args, **kwargs)
+        if had_rows and not sent:
+            sent.append(signum)
+            os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(Committer, "commit", commit_then_signal)
+
+
+@needs_vllm
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGUSR1])
+def test_stream_stops_at_a_safe_point_and_resumes_exactly_once(pruned_run, shared_engine, monkeypatch, chat_jsonl,
+                                                                tiny_dir, tmp_path, signum):
+    """Ctrl-C drops what is in flight at the next engine step; SIGUSR1 (Slurm's warning) lets it finish. Either
+    way a prefix is committed, the run exits 75, and the rerun commits the rest: every row once, as uninterrupted."""
+    out = tmp_path / "out"
+    args = [str(chat_jsonl), "--out", str(out), "--engine", "vllm", "--speculator", str(tiny_dir), *COMMON,
+            "--keep", "0.3", "--min-tokens", "16", "--batch-size", "1", "--commit-interval", "0"]
+    with monkeypatch.context() as mp:
+        stop_after_first_commit(mp, signum)
+        code, output, exc = spcli_run(*args)
+    assert code == 75, (output, exc)
+    first = [r["id"] for r in shard_rows(out)[str(chat_jsonl)]]
+    assert first == [f"q{i}" for i in range(len(first))]  # a prefix in read order
+    # Ctrl-C drops what is in flight; SIGUSR1 finishes it (here possibly every row: the shard is still not done)
+    assert 0 < len(first) < 6 if signum == signal.SIGINT else 0 < len(first) <= 6
+    code, output, exc = spcli_run(*args)
+    assert code == 0, (output, exc)
+    rows = shard_rows(out)[str(chat_jsonl)]
+    assert [r["id"] for r in rows] == [f"q{i}" for i in range(6)]  # each once, in order
+    for row in rows:
+        want = pruned_run[row["id"]]
+        assert (row["kept_indices"], row["output"]) == (want["kept_indices"], want["output"]), row["id"]
+
+
+@needs_vllm
+def test_max_prompt_len_rows_are_retried_with_retry_failed(shared_engine, chat_jsonl, tiny_dir, tmp_path):
+    """--max-prompt-len is the speculator's own bound (error rows past it, naming the flag); --retry-failed redoes
+    those rows once it is raised, through the same engine, and leaves the others as they were."""
+    out = tmp_path / "out"
+    args = [str(chat_jsonl), "--out", str(out), "--engine", "vllm", "--speculator", str(tiny_dir), *COMMON, *PRUNED]
+    code, output, exc = spcli_run(*args, "--max-prompt-len", "250")
+    assert code == 0, (output, exc)
+    first = read_rows(out)
+    failed = {rid for rid, r in first.items() if r["error"]}
+    assert failed and len(failed) < 6, first
+    assert all("raise --max-prompt-len" in first[rid]["error"] for rid in failed)
+    code, output, exc = spcli_run(*args, "--retry-failed")
+    assert code == 0, (output, exc)
+    rows = read_rows(out)
+    assert rows.keys() == first.keys() and not any(r["error"] for r in rows.values())
+    for rid in first.keys() - failed:
+        assert rows[rid]["output"] == first[rid]["output"]

@@ -84,7 +84,7 @@ class VllmEngine:
             stack = dataclasses.replace(stack, speculator_layers=layers)
             self.source = stack.speculator_source()
         self.owns_runner = runner is None
-        max_prompt_len = None
+        max_prompt_len = cfg.vllm.max_prompt_len  # an already started runner: the flag's bound, no reserve here
         if runner is None:
             runner, max_prompt_len = self._start_runner(platform, stack)
         self.runner = runner
@@ -164,6 +164,27 @@ class VllmEngine:
         except (RuntimeError, EngineDeadError) as e:  # EngineDeadError is not a RuntimeError
             _raise_engine_died(e)
             raise
+
+    @contextmanager
+    def streaming(self):
+        """A VllmStream on this engine (vllm_stream.py), for the job loop (spcli.batch.stream_rows): an engine
+        that dies while it runs raises EngineDied; on the way out every request still in flight is aborted."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        from spcli.engine.vllm_stream import VllmStream
+
+        stream = VllmStream(self.runner)
+        try:
+            with _raise_if_engine_dies(self.runner.llm):
+                yield stream
+        except (RuntimeError, EngineDeadError) as e:
+            _raise_engine_died(e)
+            raise
+        finally:
+            try:
+                stream.abort()
+            except Exception:  # a dead engine cannot take the abort: nothing is left to drop
+                pass
 
     def close(self) -> None:
         if self.owns_runner:

@@ -1,0 +1,132 @@
+"""The streaming job loop (`--engine vllm`): shards -> records -> windows scored ahead -> vLLM kept full ->
+rows back in any order -> put back in read order -> committed per shard, as `spcli run` commits batches.
+
+Records are read lazily across shards, in order (a job never waits at a shard boundary); each one read, and
+each shard's end, joins `order`. A finished row waits in `finished` until every row read before it has
+finished too; then the run of rows at the head of `order` is committed, and a shard's end marks it done. So
+what is committed is always a prefix of each shard in read order: resume continues after it, exactly once,
+and rows that were in flight at a stop are redone. Memory: rows waiting here are at most what the loop holds
+in flight (spcli.batch.stream_rows: twice what vLLM runs at once, plus one window waiting to be submitted).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from spcli.batch import num_over_budget, stream_rows
+from spcli.config import RunConfig
+from spcli.errors import EngineDied, Interrupted, OutputError
+from spcli.io.ids import mark_duplicates
+from spcli.io.read import read_records
+from spcli.io.records import Record, Shard
+from spcli.io.schema import RowResult
+from spcli.stop import StopAtSafePoint
+
+log = logging.getLogger("spcli")
+
+
+@dataclass
+class ShardEnd:
+    shard: Shard
+
+
+class Reorder:
+    """Finished rows back in read order, committed as runs of one shard; a shard's end commits it done."""
+
+    def __init__(self, committer, manifest, cfg: RunConfig, progress, warned: set[int]):
+        self.order: deque[Record | ShardEnd] = deque()
+        self.finished: dict[int, RowResult] = {}  # id(record) -> its row
+        self.committer, self.manifest, self.cfg, self.progress, self.warned = committer, manifest, cfg, progress, warned
+        self.over_budget = 0
+
+    def read(self, shards: list[Shard]):
+        """Every shard's records from its committed row on, in order; each record and shard end joins `order`."""
+        for shard in shards:
+            prog = self.manifest.shards[shard.index]
+            for rec in read_records(shard, self.cfg.fields, prog.next_row, self.cfg.max_record_bytes):
+                self.order.append(rec)
+                yield rec
+            self.order.append(ShardEnd(shard))
+
+    def add(self, rec: Record, row: RowResult) -> None:
+        self.finished[id(rec)] = row
+        self.flush()
+
+    def flush(self) -> None:
+        run: list[tuple[Record, RowResult]] = []
+        while self.order:
+            head = self.order[0]
+            if isinstance(head, ShardEnd):
+                self._emit(run)
+                run = []
+                self.order.popleft()
+                self.committer.commit(head.shard.index, done=True)
+                if self.manifest.shards[head.shard.index].rows == 0 and head.shard.index not in self.warned:
+                    log.warning("%s: no records", head.shard.path)
+                continue
+            row = self.finished.pop(id(head), None)
+            if row is None:
+                break
+            self.order.popleft()
+            run.append((head, row))
+        self._emit(run)
+
+    def _emit(self, run: list[tuple[Record, RowResult]]) -> None:
+        if not run:
+            return
+        records, rows = [r for r, _ in run], [row for _, row in run]
+        self.over_budget += num_over_budget(records, rows, self.cfg.select)
+        self.committer.add(records[-1].shard, records[-1].row + 1, rows)
+        self.progress.update(rows)
+        if self.committer.due():
+            self.committer.commit()
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(isinstance(x, Record) for x in self.order)
+
+
+def stream_shards(engine, cfg: RunConfig, shards: list[Shard], manifest, committer, ids, paths: dict[int, str],
+                  stop, progress, warned: set[int], check_stop) -> int:
+    """Run `shards` through the streaming loop; the number of rows over their budget (batch.num_over_budget).
+    A first SIGTERM/SIGUSR1 stops reading and lets the requests in flight finish (as a batch finished before);
+    Ctrl-C stops at the next engine step, dropping them (redone on resume). check_stop() commits and raises
+    Interrupted once a stop was asked for."""
+    reorder = Reorder(committer, manifest, cfg, progress, warned)
+    in_vllm = 0  # requests in vLLM when a stop dropped them
+    try:
+        with engine.streaming() as stream:  # an engine that dies in here leaves it as EngineDied
+            rows = stream_rows(stream, engine, reorder.read(shards), cfg, paths, cfg.batch_size,
+                               on_window=lambda batch: mark_duplicates(batch, ids, paths), on_stage=progress.stage,
+                               should_stop=stop.is_urgent, should_drain=lambda: stop.requested)
+            try:
+                for rec, row in rows:
+                    reorder.add(rec, row)
+                reorder.flush()
+            except StopAtSafePoint:
+                in_vllm = stream.num_in_flight
+                raise
+            finally:
+                rows.close()
+        check_stop()
+    except StopAtSafePoint:
+        log.warning("%d rows read and not finished (%d of them in vLLM) were dropped at a safe point; they are "
+                    "redone on resume", reorder.num_waiting, in_vllm)
+        check_stop()
+        raise
+    except EngineDied as e:
+        if stop.requested:  # the signal reached the engine's own processes as well
+            if committer.has_rows:
+                committer.commit()
+            raise Interrupted(f"{e.stopped_message}; committed rows are safe: "
+                              "run the same command again to resume") from e
+        raise
+    except (Interrupted, OutputError):
+        raise
+    except Exception:
+        if committer.has_rows:
+            committer.commit()  # a file-level problem mid-shard: keep what is finished, then stop
+        raise
+    return reorder.over_budget
