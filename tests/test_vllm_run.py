@@ -507,3 +507,25 @@ def test_max_prompt_len_rows_are_retried_with_retry_failed(shared_engine, chat_j
     assert rows.keys() == first.keys() and not any(r["error"] for r in rows.values())
     for rid in first.keys() - failed:
         assert rows[rid]["output"] == first[rid]["output"]
+
+
+@needs_vllm
+def test_worker_submit_and_collect_give_what_speculate_gives(shared_engine, tiny_dir):
+    """The replica's submit/collect pair (replica_queue.py) through vLLM's real RPC: two windows submitted ahead,
+    collected in the other order, each equal to a blocking spcli_speculate of the same prompts."""
+    import dataclasses
+
+    from spcli.engine.replica import SpeculatorSource
+
+    llm = shared_engine.llm
+    score = dataclasses.asdict(ScoreConfig(lookahead=0, window=8, score_layers="all", pool=13, rows="mean",
+                                           impl="torch"))
+    source = SpeculatorSource(str(tiny_dir), "float32").to_dict()
+    windows = [[[(5 * i + j) % 400 + 3 for j in range(60 + 11 * i)] for i in range(k, k + 3)] for k in (0, 3)]
+    direct = [llm.collective_rpc("spcli_speculate", args=(source, [w], score, [2], 64)) for w in windows]
+    for k, w in enumerate(windows):
+        assert llm.collective_rpc("spcli_submit", args=(f"w{k}", source, [w], score, [2], 64)) == [None]
+    late = llm.collective_rpc("spcli_collect", args=("w1",))
+    early = llm.collective_rpc("spcli_collect", args=("w0",))
+    for got, want in ((early, direct[0]), (late, direct[1])):
+        assert [r["importance"] for r in got[0]["results"]] == [r["importance"] for r in want[0]["results"]]

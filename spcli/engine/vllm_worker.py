@@ -168,6 +168,24 @@ class SpcliWorker(_BaseWorker):
         return {"rank": self.rank, **replica.speculate(source, shares[self.rank], score, eos_ids, chunk,
                                                           with_unpooled)}
 
+    def spcli_submit(self, job_id: str, source: dict, shares: list[list[list[int]]], score: dict,
+                     eos_ids: list[int], chunk: int, with_unpooled: bool = False) -> None:
+        """Queue this rank's share for scoring on the replica's own thread (and CUDA stream); returns at once,
+        so vLLM's steps go on meanwhile (replica_queue.py). `spcli_collect(job_id)` returns what
+        `spcli_speculate` would have."""
+        from spcli.engine.replica import Replica
+        from spcli.engine.replica_queue import SpeculatorQueue
+
+        replica = self.__dict__.setdefault("_spcli_replica", Replica(self.device))
+        jobs = self.__dict__.get("_spcli_jobs")
+        if jobs is None:
+            jobs = self.__dict__["_spcli_jobs"] = SpeculatorQueue(self.device)
+        jobs.submit(job_id, replica.speculate, source, shares[self.rank], score, eos_ids, chunk, with_unpooled)
+
+    def spcli_collect(self, job_id: str) -> dict:
+        """The submitted job's {"rank", "wall_s", "results"}; blocks until it is done."""
+        return {"rank": self.rank, **self.__dict__["_spcli_jobs"].collect(job_id)}
+
     def init_device(self):
         if self.vllm_config.speculative_config is not None:
             raise ConfigError("--engine vllm cannot run speculative decoding (EAGLE/draft).")

@@ -1,0 +1,79 @@
+"""spcli/engine/replica_queue.py on CPU: submit returns at once, jobs run in order on their own thread,
+collect in any order, errors reach the collector, close fails what never ran; and real speculator jobs
+(the tiny model, speculate_prompts) give through the queue what they give when called directly."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from spcli.engine.replica_queue import QueueClosed, SpeculatorQueue
+
+
+def test_submit_returns_before_the_job_runs_and_jobs_run_in_order():
+    q = SpeculatorQueue()
+    gate, ran = threading.Event(), []
+    q.submit("a", lambda: (gate.wait(10), ran.append("a"))[1] or "A")
+    q.submit("b", lambda: ran.append("b") or "B")
+    assert ran == []  # the caller is back while job a waits
+    gate.set()
+    assert q.collect("b") == "B" and q.collect("a") == "A"  # collected out of order
+    assert ran == ["a", "b"]  # run in submission order
+    q.close()
+
+
+def test_errors_reach_their_collector_and_results_are_collected_once():
+    q = SpeculatorQueue()
+    q.submit("bad", lambda: 1 / 0)
+    q.submit("ok", lambda x: x + 1, 41)
+    with pytest.raises(ZeroDivisionError):
+        q.collect("bad")
+    assert q.collect("ok") == 42
+    with pytest.raises(KeyError):
+        q.collect("ok")
+    with pytest.raises(KeyError):
+        q.collect("never")
+    q.close()
+
+
+def test_close_finishes_the_running_job_and_fails_the_queued_ones():
+    q = SpeculatorQueue()
+    started, gate = threading.Event(), threading.Event()
+    q.submit("running", lambda: (started.set(), gate.wait(10))[1] and "done")
+    q.submit("queued", lambda: "never")
+    started.wait(10)
+    closer = threading.Thread(target=q.close)
+    closer.start()
+    gate.set()
+    closer.join(10)
+    assert not closer.is_alive()
+    assert q.collect("running") == "done"
+    with pytest.raises(QueueClosed):
+        q.collect("queued")
+    with pytest.raises(QueueClosed):
+        q.submit("late", lambda: None)
+    q.close()  # twice is fine
+
+
+def test_speculator_jobs_through_the_queue_equal_direct_calls(tiny_dir):
+    import dataclasses
+
+    from spcli.config import ScoreConfig
+    from spcli.engine.replica import Replica, SpeculatorSource
+
+    source = SpeculatorSource(str(tiny_dir), "float32").to_dict()
+    score = ScoreConfig(lookahead=0, window=8, score_layers="all", pool=13, rows="mean", impl="torch")
+
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(40 + 9 * i)] for i in range(5)]
+    replica = Replica(torch.device("cpu"))
+    args = (source, prompts, dataclasses.asdict(score), [2])
+    direct = replica.speculate(*args)
+    q = SpeculatorQueue(torch.device("cpu"))
+    for k in range(3):  # windows k, k+1, ... submitted ahead, collected later
+        q.submit(f"w{k}", replica.speculate, *args)
+    got = [q.collect(f"w{k}") for k in (2, 0, 1)]
+    q.close()
+    for g in got:
+        assert [r["importance"] for r in g["results"]] == [r["importance"] for r in direct["results"]]
