@@ -56,13 +56,14 @@ def _root(
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors; no progress.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="DEBUG log lines (as --log-level DEBUG).")] = False,
     log_json: Annotated[bool, typer.Option("--log-json", help="Log lines (progress included) as JSON objects, one per line.")] = False,
 ) -> None:
     from spcli.progress import setup_logging
 
     STATE["debug"] = debug
     STATE["quiet"] = quiet
-    setup_logging(log_level, quiet, log_json)
+    setup_logging("DEBUG" if verbose else log_level, quiet, log_json)
 
 
 @app.command()
@@ -101,6 +102,7 @@ def run(
     messages_field: Annotated[str, typer.Option(help="Input field holding chat messages.")] = "messages",
     id_field: Annotated[str, typer.Option(help="Input field holding the row id (else <file stem>:<row>).")] = "id",
     output_format: Annotated[str, typer.Option(help="parquet, jsonl or openai (OpenAI batch response lines + a Parquet side output).")] = "parquet",
+    pass_through: Annotated[Optional[str], typer.Option(metavar="COLS", help="Input columns (comma-separated) copied unchanged into every output row, beside id and output (Parquet keeps their types); with openai, into the Parquet side output.", show_default=False)] = None,
     instruction_field: Annotated[str, typer.Option(help="Input field holding an instruction: put before the prompt (or the first user message's content, a blank line between) and never dropped (--protect instruction).")] = "instruction",
     save_scores: Annotated[bool, typer.Option(help="Also write per-token importance.")] = False,
     truncate: Annotated[str, typer.Option(help="Prompts longer than the model's context minus --max-tokens: error = an error row; left = drop their first tokens (keep the end); middle = drop tokens from the middle (keep the start and the end).")] = "error",
@@ -200,10 +202,41 @@ def _register_commands() -> None:
 _register_commands()
 
 
+GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--debug", "--log-json")  # spcli's own, taking no value
+GLOBAL_VALUED = ("--log-level",)
+
+
+def hoist_global_flags(argv: list[str]) -> list[str]:
+    """`spcli run ... -q` as `spcli -q run ...`: the global flags given after the subcommand move before it
+    (click reads them only there). Nothing after a `--` moves: it belongs to the command (slurm submit)."""
+    names = ({c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
+             | {g.name for g in app.registered_groups})
+    at = next((i for i, a in enumerate(argv) if a in names), None)
+    if at is None:
+        return argv
+    head, rest, moved = argv[:at], [], []
+    tail = argv[at:]
+    i = 0
+    while i < len(tail):
+        a = tail[i]
+        if a == "--":
+            rest += tail[i:]
+            break
+        if a in GLOBAL_FLAGS or any(a.startswith(f + "=") for f in GLOBAL_VALUED):
+            moved.append(a)
+        elif a in GLOBAL_VALUED and i + 1 < len(tail):
+            moved += [a, tail[i + 1]]
+            i += 1
+        else:
+            rest.append(a)
+        i += 1
+    return head + moved + rest
+
+
 def main() -> None:
     nvml_device_checks()  # before any library asks torch for CUDA: vLLM forks its processes later
     try:
-        code = app(standalone_mode=False)  # click returns typer.Exit's code instead of raising it
+        code = app(args=hoist_global_flags(sys.argv[1:]), standalone_mode=False)  # click returns typer.Exit's code
         sys.exit(code if isinstance(code, int) else 0)
     except SpcliError as e:
         if STATE["debug"]:

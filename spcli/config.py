@@ -278,9 +278,8 @@ class RunConfig:
         check_speculator_chunk(self.speculator_chunk)
         _check(not (self.fresh and self.retry_failed), "--fresh and --retry-failed cannot be used together "
                                                        "(--fresh deletes the rows to retry)")
-        if isinstance(self.pass_through, str):
-            object.__setattr__(self, "pass_through", tuple(c.strip() for c in self.pass_through.split(",")))
-        object.__setattr__(self, "pass_through", tuple(dict.fromkeys(self.pass_through)))
+        columns = self.pass_through.split(",") if isinstance(self.pass_through, str) else self.pass_through or ()
+        object.__setattr__(self, "pass_through", tuple(dict.fromkeys(c.strip() for c in columns)))
         _check(all(self.pass_through), f"--pass-through takes column names, comma-separated, got {self.pass_through}")
 
     def to_dict(self) -> dict:

@@ -70,7 +70,7 @@ def setup_logging(level: str = "INFO", quiet: bool = False, json_lines: bool = F
     if root.level == logging.NOTSET or root.level > logging.WARNING:
         root.setLevel(logging.WARNING)
     log.setLevel(level)
-    if quiet:
+    if quiet or not sys.stderr.isatty():  # loading bars only on a terminal: in a log file they are noise
         quiet_third_party_bars()
 
 

@@ -26,7 +26,7 @@ from spcli.io.lock import WriterLock
 from spcli.io.manifest import (
     Manifest, ShardProgress, describe_difference, fingerprint, input_identity, manifest_name,
 )
-from spcli.io.read import check_shard, count_rows, read_records
+from spcli.io.read import check_shard, count_rows, first_record, read_records
 from spcli.io.records import Record, Shard, discover
 from spcli.profiles import resolve
 from spcli.progress import Progress
@@ -115,6 +115,12 @@ def open_manifest(cfg: RunConfig, out: Path, shards: list[Shard], task: dict | N
     if old.fingerprint != fingerprint(fields):
         diffs = describe_difference(old.fingerprint_fields, fields)
         what = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
+        if not cfg.force and all(d.startswith("inputs.") for d in diffs):
+            again = "--retry-failed --force redoes its failed rows from them" if cfg.retry_failed else "--force goes on"
+            raise OutputError(
+                f"{out}: the input files changed since its rows were made ({what}); {again} (rows already made stay "
+                "as they were), --fresh redoes every row"
+            )
         if not cfg.force:
             raise OutputError(
                 f"{out} holds a run with another configuration ({what}); "
@@ -163,6 +169,7 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     if cfg.select.prunes and speculator != "self" and not speculator.startswith("self:"):
         models.locate(speculator)
     warnings = {s.index: check_shard(s, cfg.fields) for s in shards}
+    pass_through = _pass_through(cfg, shards)
     existed = out.exists()
     prepare_out(out)
     lock = WriterLock(out, task["index"] if task else None, warn=log.warning)
@@ -171,7 +178,7 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
             lock.acquire()
             try:
                 return _run_locked(cfg, out, all_shards, shards, task, stop, progress or Progress(total=None),
-                                   model_path, warnings, dtype_why)
+                                   model_path, warnings, dtype_why, pass_through)
             except KeyboardInterrupt:
                 raise Interrupted("stopped at once by a second SIGINT (the batch in flight was dropped); "
                                   "run the same command again to resume") from None
@@ -183,6 +190,18 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
         raise
 
 
+def _pass_through(cfg: RunConfig, shards: list[Shard]):
+    """--pass-through: its columns checked against every shard (before the output directory is touched)."""
+    if not cfg.pass_through:
+        return None
+    from spcli.io import passthrough
+
+    passthrough.check_columns(cfg.pass_through)
+    for s in shards:
+        passthrough.check_shard(s, cfg.pass_through, first_record(s))
+    return passthrough.PassThrough(cfg.pass_through, cfg.max_record_bytes)
+
+
 def _remove_if_empty(out: Path) -> None:
     try:
         out.rmdir()  # only an empty directory: one this run created and never committed to
@@ -192,7 +211,7 @@ def _remove_if_empty(out: Path) -> None:
 
 def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list[Shard], task: dict | None,
                 stop: StopRequest, progress: Progress, model_path: str, warnings: dict[int, str | None],
-                dtype_why: str = "") -> RunSummary:
+                dtype_why: str = "", pass_through=None) -> RunSummary:
     manifest = open_manifest(cfg, out, shards, task, model_path)
     committed = set().union(*_all_committed(out, manifest, strict=task is None))
     missing = sorted(p for p in manifest.committed_parts() if not (out / p).is_file())
@@ -222,16 +241,22 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
         first = todo[0]
         log.info("%s", resume_line(before["rows"], rows_total, first.path, manifest.shards[first.index].next_row))
     committer = commit.Committer(out, manifest, cfg.output_format, cfg.save_scores, cfg.model,
-                                 cfg.commit_interval, committed)
+                                 cfg.commit_interval, committed, pass_through)
     engine = None
+    old_parts: set[str] = set()  # --fresh: the parts the directory's manifest had committed
     if cfg.fresh and manifest.path.exists():
         engine = build_engine(cfg)  # before anything is deleted: a model that cannot load leaves the old outputs
+        old_parts = _committed_before(manifest.path)
         committer.save()  # first, so that --fresh un-commits the old parts before they are deleted
     # a Slurm task cleans up after its own shards only; a plain run owns every part in the directory
     indices = None if task is None else {s.index for s in shards}
     removed = commit.remove_uncommitted(out, committed, indices, manifest.path.name)
-    if removed:
-        log.info("removed %d uncommitted file(s) from an earlier run", len(removed))
+    outputs = [name for name in removed if name in old_parts]
+    if outputs:
+        log.info("--fresh: removed the %d committed output file%s of the earlier run", len(outputs),
+                 "" if len(outputs) == 1 else "s")
+    if len(removed) > len(outputs):
+        log.info("removed %d uncommitted file(s) from an earlier run", len(removed) - len(outputs))
     ids = rebuild_ids(out, manifest)
     totals = [manifest.shards[s.index].total_rows for s in todo]
     done = sum(manifest.shards[s.index].rows for s in todo)
@@ -304,6 +329,13 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
                       len(shards), t["rows_total"], t["rows"] - before["rows"], committer.elapsed_s,
                       prompt_tokens_this_run=progress.prompt_tokens, kept_tokens_this_run=progress.kept_tokens,
                       retried=retried.rows, retried_ok=retried.fixed, output_tokens_this_run=progress.output_tokens)
+
+
+def _committed_before(path: Path) -> set[str]:
+    try:
+        return Manifest.load(path).committed_parts()
+    except OutputError:
+        return set()  # unreadable: its files are removed as uncommitted ones
 
 
 def _check_stop(stop: StopRequest, committer: commit.Committer, manifest: Manifest) -> None:

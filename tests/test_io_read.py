@@ -77,7 +77,7 @@ def test_a_line_over_the_record_limit_is_skipped_without_being_held(tmp_path):
         f.write(b'{"id": "huge", "prompt": "' + b"x" * (3 << 20) + b'"}\n')
         f.write(b'{"id": "c", "prompt": "after"}')  # no final newline
     a, huge, c = records(path, limit=1 << 20)
-    assert huge.id == "big:1" and huge.prompt is None
+    assert huge.id == "huge" and huge.prompt is None, "named by its own id (it was big:1)"
     assert huge.error == f"{path}:line 2: record is {(3 << 20) + 28} bytes, more than --max-record-bytes {1 << 20}"
     assert (a.prompt, c.prompt, c.row) == ("short", "after", 2)
 
@@ -136,6 +136,7 @@ def test_parquet_oversized_cell_is_an_error_row(tmp_path):
     pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x" * 5000, "small"]}), path)
     a, b = records(path, limit=4096)
     assert a.error == f"{path}:row 0: record is 5000 bytes, more than --max-record-bytes 4096"
+    assert a.id == "a", "named by its own id (it was big:0)"
     assert b.prompt == "small"
 
 
@@ -306,3 +307,20 @@ def test_files_a_directory_input_skips_are_named(tmp_path, caplog):
     with pytest.raises(InputError, match=r"directory has no shards \(\*.jsonl, \*.jsonl.gz, \*.parquet\); not shards: "
                                          r"README.md, c.csv, notes.txt$"):
         discover([str(d)])
+
+
+def test_an_over_long_record_is_named_by_its_id_where_it_has_one(tmp_path):
+    """The issue: an over-long record was named `huge:2`, not by its id. Its id is read from the record's first
+    64 KiB (the record itself is never held); an id after the long text, or none, leaves `<stem>:<row>`."""
+    path = tmp_path / "huge.jsonl"
+    long = "x" * 5000
+    lines = [{"id": 7, "prompt": long}, {"prompt": long, "id": "late"}, {"prompt": long},
+             {"custom_id": "req-1", "body": {"messages": [{"role": "user", "content": long}]}},
+             {"ticket": "t\"q", "prompt": long}]
+    path.write_text("".join(json.dumps(obj) + "\n" for obj in lines))
+    recs = records(path, limit=4096)
+    assert [r.id for r in recs[:4]] == ["7", "huge:1", "huge:2", "req-1"]
+    assert recs[3].custom_id == "req-1" and recs[0].custom_id is None
+    assert all("more than --max-record-bytes 4096" in r.error for r in recs)
+    (rec,) = list(read_records(Shard(0, str(path)), FieldConfig(id="ticket"), 4, 4096))
+    assert rec.id == 't"q'

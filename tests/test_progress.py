@@ -120,3 +120,18 @@ def test_log_options_through_the_cli():
     assert logging.getLogger("spcli").level == logging.DEBUG
     setup_logging("debug", quiet=True)
     assert logging.getLogger("spcli").level == logging.WARNING
+
+
+def test_global_flags_after_the_subcommand_move_before_it():
+    """The issue: `spcli run ... -q` was "No such option" (only `spcli -q run` worked); -v is --log-level DEBUG."""
+    from spcli.cli import hoist_global_flags
+
+    assert hoist_global_flags(["run", "a.jsonl", "--out", "o", "-q"]) == ["-q", "run", "a.jsonl", "--out", "o"]
+    assert hoist_global_flags(["inspect", "o", "-v", "--log-level", "INFO", "--width", "80"]) == [
+        "-v", "--log-level", "INFO", "inspect", "o", "--width", "80"]
+    assert hoist_global_flags(["slurm", "submit", "x", "--debug", "--", "--engine", "vllm", "-q"]) == [
+        "--debug", "slurm", "submit", "x", "--", "--engine", "vllm", "-q"], "what follows -- is spcli run's"
+    assert hoist_global_flags(["--version"]) == ["--version"]
+    res = CliRunner().invoke(app, ["-v", "models"])
+    assert res.exit_code == 0 and logging.getLogger("spcli").level == logging.DEBUG
+    setup_logging("INFO")

@@ -135,3 +135,36 @@ def test_sigkill_during_a_retry_replaces_error_rows_only_by_good_ones(tmp_path, 
     names = sorted(f.name for f in out.iterdir())
     listed = sorted(json.loads((out / "manifest.json").read_text())["shards"]["0"]["parts"])
     assert names == ["manifest.json", *listed], "no stray part or temp file"
+
+
+def test_retry_failed_after_the_input_was_fixed_in_place_says_to_add_force(tmp_path, tiny_dir, write_jsonl, capsys):
+    """The issue: --retry-failed after fixing the input in place was refused without suggesting --force."""
+    lines = long_and_short(4, bad_at=(1,))
+    src = write_jsonl(lines)
+    out = tmp_path / "out"
+    assert cli(argv(src, out, tiny_dir), capsys)[0] == 0
+    lines[2] = json.dumps({"id": "fixed", "prompt": "now a good record"})  # the malformed line, mended in place
+    write_jsonl(lines)
+    code, _, err = cli(argv(src, out, tiny_dir, "--retry-failed"), capsys)
+    assert code == 2
+    assert f"spcli: error: {out}: the input files changed since its rows were made (inputs.0." in err
+    assert "); --retry-failed --force redoes its failed rows from them (rows already made stay as they were), " \
+           "--fresh redoes every row" in err
+    code, stdout, err = cli(argv(src, out, tiny_dir, "--retry-failed", "--force"), capsys)
+    assert code == 0, err
+    assert "1 failed row redone (1 now without error)" in stdout
+    assert by_row(out)[2]["id"] == "fixed" and by_row(out)[2]["error"] is None
+
+
+def test_a_redone_row_gets_its_pass_through_columns_from_the_input(tmp_path, tiny_dir, write_jsonl, capsys):
+    """--pass-through with --retry-failed: an over-long row (its columns null: the record was not read) gets them
+    once it is redone; the rows around it keep theirs."""
+    src = write_jsonl([json.dumps({**json.loads(line), "ticket": i}) for i, line in enumerate(long_and_short(4))])
+    out = tmp_path / "out"
+    assert cli(argv(src, out, tiny_dir, "--pass-through", "ticket", "--max-record-bytes", "150"), capsys)[0] == 0
+    first = by_row(out)
+    assert [first[r]["ticket"] for r in range(4)] == [0, None, 2, None] and first[1]["error"] is not None
+    code, _, err = cli(argv(src, out, tiny_dir, "--pass-through", "ticket", "--retry-failed", "--force"), capsys)
+    assert code == 0, err
+    redone = by_row(out)
+    assert [redone[r]["ticket"] for r in range(4)] == [0, 1, 2, 3] and redone[1]["error"] is None

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spcli.cli import app
+from spcli.errors import ConfigError, InputError
 from spcli.io.manifest import read_manifests
 
 
@@ -111,6 +112,8 @@ def test_run_as_a_real_subprocess(tmp_path, tiny_dir, write_jsonl):
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr
     assert "done: 3 rows (0 failed)" in proc.stdout
+    assert "INFO inputs: 1 shard" in proc.stderr and "Loading weights" not in proc.stderr, \
+        "log lines, but no loading bars when stderr is not a terminal"
     assert len(read_outputs(out)) == 3
     again = subprocess.run(cmd, capture_output=True, text=True)  # resume: nothing left to do
     assert (again.returncode, again.stdout) == (0, f"nothing to do: 3 rows already done; outputs in {out}\n")
@@ -142,10 +145,13 @@ def test_start_banner_names_inputs_model_speculator_keep_engine_device_output(tm
     ]
 
 
-def test_quiet_prints_nothing_but_the_result_not_even_loading_bars(tmp_path, tiny_dir, write_jsonl):
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_prints_nothing_but_the_result_not_even_loading_bars(tmp_path, tiny_dir, write_jsonl, where):
+    """`spcli -q run ...`, and `spcli run ... -q` (the issue: "No such option")."""
     src = write_jsonl(prompt_rows(2))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "spcli", "-q", "run", str(src), "--out", str(out), "--model", str(tiny_dir), *ARGS]
+    run = ["run", str(src), "--out", str(out), "--model", str(tiny_dir), *ARGS]
+    cmd = [sys.executable, "-m", "spcli", *(["-q", *run] if where == "before" else [*run, "-q"])]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "", "no banner, progress or third-party loading bars"
@@ -168,3 +174,36 @@ def test_readme_output_table_lists_every_column_with_its_type():
     arrow = {"double": "float64", "float": "float32", "list<item: int32>": "list<int32>", "list<item: float>": "list<float32>"}
     struct = lambda t: "list<struct>" if t.startswith("list<item: struct<") else t
     assert documented == {f.name: struct(arrow.get(str(f.type), str(f.type))) for f in schema}
+
+
+def test_pass_through_carries_input_columns_into_the_outputs(tmp_path, tiny_dir, write_jsonl):
+    """The issue: input columns did not reach the outputs. --pass-through COLS copies them, by row, into every
+    output row (a Parquet input's types kept), over several parts, in Parquet and JSONL output."""
+    pqf = tmp_path / "tickets.parquet"
+    prompts = [r["prompt"] for r in prompt_rows(3)]
+    pq.write_table(pa.table({"id": ["p0", "p1", "p2"], "prompt": prompts, "ticket": pa.array([10, 11, 12], pa.int64()),
+                             "team": ["a", None, "c"], "unused": [1, 2, 3]}), pqf)
+    jl = write_jsonl([{"id": "j0", "prompt": prompts[0], "ticket": 20, "team": "x"}, '{"id": "j1", "prompt": ',
+                      {"id": "j2", "prompt": prompts[1], "ticket": 22}])
+    for fmt in ("parquet", "jsonl"):
+        out = tmp_path / fmt
+        res = CliRunner().invoke(app, ["run", str(pqf), str(jl), "--out", str(out), "--model", str(tiny_dir),
+                                       "--batch-size", "2", "--commit-interval", "0", "--output-format", fmt,
+                                       "--pass-through", "ticket,team", *ARGS])
+        assert res.exit_code == 0, res.output
+        rows = {r["id"]: r for r in read_outputs(out)}
+        assert {i: (r["ticket"], r["team"]) for i, r in rows.items()} == {
+            "p0": (10, "a"), "p1": (11, None), "p2": (12, "c"), "j0": (20, "x"), "in:1": (None, None),
+            "j2": (22, None)}, "by row; a record that cannot be decoded gets nulls"
+        assert all("unused" not in r for r in rows.values())
+        if fmt == "parquet":
+            assert pq.read_schema(next(out.glob("part-00000-*.parquet"))).field("ticket").type == pa.int64()
+    res = CliRunner().invoke(app, ["run", str(pqf), "--out", str(tmp_path / "x"), "--model", str(tiny_dir),
+                                   "--pass-through", "ticket,queue", *ARGS])
+    assert isinstance(res.exception, InputError)
+    assert str(res.exception) == (f"{pqf}: Parquet file has no column 'queue' (--pass-through); its columns: id, prompt, "
+                                  "team, ticket, unused")
+    res = CliRunner().invoke(app, ["run", str(pqf), "--out", str(tmp_path / "x"), "--model", str(tiny_dir),
+                                   "--pass-through", "output", *ARGS])
+    assert isinstance(res.exception, ConfigError) and "the output has its own column(s) of that name" in str(res.exception)
+    assert not (tmp_path / "x").exists()

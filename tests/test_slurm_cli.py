@@ -231,3 +231,27 @@ def test_resubmission_while_the_last_job_runs_is_refused(tmp_path, shards, fake_
     assert "job 4242 still has 1 task(s) queued or running (0)" in str(res.exception)
     squeue.write_text('#!/bin/bash\nprintf "4242_0|COMPLETED|None\\n"\n')
     assert submit(str(shards[0]), "--out", str(out), "--dry-run").exit_code == 0
+
+
+def test_engine_vllm_with_an_spcli_whose_python_has_no_vllm_is_refused(tmp_path, shards):
+    """The issue: `slurm submit --dry-run -- --engine vllm` wrote a script calling a venv without vLLM. A dry
+    run now warns, a submission is refused, before anything is written."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("this Python has vllm: the spcli next to it is the one with vLLM")
+    fake = tmp_path / "bin" / "spcli"
+    fake.parent.mkdir()
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(0)\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    res = submit(str(shards[0]), "--out", str(out), "--spcli", str(fake), "--dry-run", "--", "--engine", "vllm")
+    assert res.exit_code == 0, res.output
+    assert (f"spcli: warning: --engine vllm, but {sys.executable}, the Python of the spcli every task runs ({fake}), "
+            "has no vllm: install it there (pip install vllm) or name an spcli whose environment has it with --spcli CMD"
+            ) in res.stderr
+    res = submit(str(shards[0]), "--out", str(out), "--spcli", str(fake), "--", "--engine=vllm")
+    assert isinstance(res.exception, ConfigError) and "has no vllm" in str(res.exception)
+    assert not out.exists(), "refused before anything is written"
+    res = submit(str(shards[0]), "--out", str(out), "--spcli", str(fake), "--dry-run", "--", "--engine", "hf")
+    assert res.exit_code == 0 and "has no vllm" not in res.stderr

@@ -38,6 +38,37 @@ def _default_spcli() -> str:
     return str(here) if here.is_file() else "spcli"
 
 
+def _asks_vllm(run_args: list[str]) -> bool:
+    return any(a == "--engine=vllm" or (a == "--engine" and i + 1 < len(run_args) and run_args[i + 1] == "vllm")
+               for i, a in enumerate(run_args))
+
+
+def interpreter_without_vllm(spcli: str) -> str | None:
+    """The Python that `spcli` (a path or a name on PATH) runs under, when that Python has no vllm; None when
+    it has, or it cannot be told here (a command that is not a Python script on this machine)."""
+    import shutil
+    import subprocess
+
+    path = shutil.which(spcli)
+    try:
+        with open(path or spcli, "rb") as f:
+            first = f.readline(4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    words = first[2:].split()
+    python = shutil.which(words[-1]) if words and words[0].endswith("/env") else (words[0] if words else None)
+    if python is None:
+        return None
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+    try:
+        rc = subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return python if rc == 3 else None
+
+
 def register(app: typer.Typer) -> None:
     slurm_app = typer.Typer(help="Run spcli on a Slurm cluster.", no_args_is_help=True)
     app.add_typer(slurm_app, name="slurm")
@@ -73,6 +104,17 @@ def register(app: typer.Typer) -> None:
                        spcli=spcli or _default_spcli())
         for warning in checked.warnings:
             typer.echo(f"spcli: warning: {warning}", err=True)
+        run_args = list(ctx.meta.get("spcli.run_args", []))
+        python = interpreter_without_vllm(spcli or _default_spcli()) if _asks_vllm(run_args) else None
+        if python is not None:
+            from spcli.errors import ConfigError
+
+            problem = (f"--engine vllm, but {python}, the Python of the spcli every task runs "
+                       f"({spcli or _default_spcli()}), has no vllm: install it there (pip install vllm) or name an "
+                       "spcli whose environment has it with --spcli CMD")
+            if not dry_run:
+                raise ConfigError(problem)
+            typer.echo(f"spcli: warning: {problem}", err=True)
         n, shards = checked.options.tasks, len(checked.shards)
         if dry_run:
             typer.echo(checked.script, nl=False)

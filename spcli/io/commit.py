@@ -117,8 +117,9 @@ class Committer:
     MAX_BUFFER_BYTES = 64 << 20
 
     def __init__(self, out: Path, manifest, output_format: str, save_scores: bool, model: str,
-                 interval_s: float, taken: set[str]):
+                 interval_s: float, taken: set[str], pass_through=None):
         self.out, self.manifest = out, manifest
+        self.pass_through = pass_through  # io.passthrough.PassThrough: input columns added to every row
         self.output_format, self.save_scores, self.model = output_format, save_scores, model
         self.interval_s = interval_s
         self.taken = set(taken)
@@ -136,11 +137,15 @@ class Committer:
         assert self.shard in (None, shard), "commit a shard's rows before the next shard's"
         self.shard, self.next_row = shard, next_row
         if self.output_format in ("parquet", "openai"):
-            self.tables.append(to_table(rows, self.save_scores))
+            table = to_table(rows, self.save_scores)
+            for name, column in self.pass_through.arrays(rows) if self.pass_through else ():
+                table = table.append_column(name, column)
+            self.tables.append(table)
             self.nbytes += self.tables[-1].nbytes
         if self.output_format != "parquet":
+            extra = self.pass_through.values(rows) if self.pass_through else [{}] * len(rows)
             data = (response_lines(rows, self.model) if self.output_format == "openai"
-                    else b"".join(orjson.dumps(to_dict(r, self.save_scores)) + b"\n" for r in rows))
+                    else b"".join(orjson.dumps(to_dict(r, self.save_scores) | e) + b"\n" for r, e in zip(rows, extra)))
             self.lines.append(data)
             self.nbytes += len(data)
         self.counts.add(rows)
@@ -197,7 +202,7 @@ class Committer:
         files = []
         if self.tables:
             sink = pa.BufferOutputStream()
-            pq.write_table(pa.concat_tables(self.tables), sink, compression="zstd")
+            pq.write_table(pa.concat_tables(self.tables, promote_options="permissive"), sink, compression="zstd")
             files.append((part_name(self.shard, seq, "parquet"), sink.getvalue().to_pybytes()))
         if self.lines:
             fmt = "openai" if self.output_format == "openai" else "jsonl"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import zlib
 from collections.abc import Iterator
 
@@ -24,6 +25,7 @@ from spcli.io.records import Record, Shard, bad_record, shard_kind, to_record
 PARQUET_BATCH_ROWS = 1024
 PARQUET_BUFFER_BYTES = 1 << 20  # stream column chunks page by page: memory stays flat with row-group size
 DRAIN_BYTES = 1 << 20
+ID_SCAN_BYTES = 1 << 16  # an over-long JSONL record's id is looked for in its first 64 KiB
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -70,6 +72,17 @@ def check_shard(shard: Shard, fields: FieldConfig) -> str | None:
     return None
 
 
+def first_record(shard: Shard) -> object:
+    """A JSONL shard's first record decoded (None where it is not JSON, or the shard is Parquet or empty)."""
+    kind = shard_kind(shard.path)
+    if kind == "parquet":
+        return None
+    try:
+        return orjson.loads(_first_line(shard.path, gzip.open if kind == "jsonl.gz" else open))
+    except (orjson.JSONDecodeError, OSError, EOFError, zlib.error):
+        return None
+
+
 def check_id_field(shard: Shard, fields: FieldConfig, first: bytes) -> None:
     """A named --id-field that the first record lacks is a mistyped name, not rows to number: refuse it,
     naming the fields present (the default `id` may be absent: ids are then <file stem>:<row>)."""
@@ -92,8 +105,9 @@ def _first_line(path: str, opener=open) -> bytes:
     return b""
 
 
-def _lines(f, limit: int) -> Iterator[tuple[int, bytes | None, int]]:
-    """(line index, line or None when longer than `limit`, its size in bytes)."""
+def _lines(f, limit: int) -> Iterator[tuple[int, bytes | None, int, bytes]]:
+    """(line index, line or None when longer than `limit`, its size in bytes, the first ID_SCAN_BYTES of an
+    over-long line: where its id may be found)."""
     row = 0
     while line := f.readline(limit + 1):
         if len(line) > limit and not line.endswith(b"\n"):
@@ -101,21 +115,45 @@ def _lines(f, limit: int) -> Iterator[tuple[int, bytes | None, int]]:
             while (chunk := f.readline(DRAIN_BYTES)) and not chunk.endswith(b"\n"):
                 size += len(chunk)
             size += len(chunk) - (1 if chunk.endswith(b"\n") else 0)
-            yield row, None, size
+            yield row, None, size, line[:ID_SCAN_BYTES]
         else:
-            yield row, line, len(line)
+            yield row, line, len(line), b""
         row += 1
+
+
+def _id_in(head: bytes, fields: FieldConfig) -> tuple[str, bool] | None:
+    """An over-long JSONL record's id, and whether it is an OpenAI custom_id, where it comes before the text
+    that is too long."""
+    for key in ("custom_id", fields.id):
+        m = re.search(rb'"' + re.escape(key.encode()) + rb'"\s*:\s*("(?:[^"\\]|\\.){1,1024}"|-?\d{1,30})\s*[,}]', head)
+        if m:
+            try:
+                value = orjson.loads(m.group(1))
+            except orjson.JSONDecodeError:
+                continue
+            if str(value):
+                return str(value), key == "custom_id"
+    return None
+
+
+def _too_long(shard: Shard, row: int, size: int, limit: int, found: tuple[str, bool] | None) -> Record:
+    """The error row of a record over --max-record-bytes, named by its own id where it has one."""
+    rec = bad_record(shard, row, f"record is {size} bytes, more than --max-record-bytes {limit}")
+    if found is not None:
+        rec.id, is_custom = found
+        rec.custom_id = rec.id if is_custom else None
+    return rec
 
 
 def _read_jsonl(shard: Shard, fields: FieldConfig, start_row: int, kind: str, limit: int) -> Iterator[Record]:
     opener = gzip.open if kind == "jsonl.gz" else open
     try:
         with opener(shard.path, "rb") as f:
-            for row, line, size in _lines(f, limit):
+            for row, line, size, head in _lines(f, limit):
                 if row < start_row:
                     continue
                 if line is None:
-                    yield bad_record(shard, row, f"record is {size} bytes, more than --max-record-bytes {limit}")
+                    yield _too_long(shard, row, size, limit, _id_in(head, fields))
                     continue
                 if row == 0 and line.startswith(UTF8_BOM):
                     line = line[len(UTF8_BOM):]
@@ -241,7 +279,8 @@ def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, colum
                 if isinstance(obj, str):
                     yield bad_record(shard, row, obj)
                 elif (size := _record_bytes(obj, fields, limit)) > limit:
-                    yield bad_record(shard, row, f"record is {size} bytes, more than --max-record-bytes {limit}")
+                    row_id = obj.get(fields.id)
+                    yield _too_long(shard, row, size, limit, None if row_id in (None, "") else (str(row_id), False))
                 else:
                     yield to_record({k: v for k, v in obj.items() if v is not None}, shard, row, "parquet", fields)
             row += 1

@@ -20,7 +20,7 @@ from spcli.errors import OutputError
 from spcli.io.commit import PART_RE, part_name, write_parts
 from spcli.io.manifest import Manifest, ShardProgress
 from spcli.io.openai import response_lines
-from spcli.io.schema import RowResult, to_dict
+from spcli.io.schema import RowResult, output_schema, to_dict
 
 
 def failed_rows(out: Path, prog: ShardProgress) -> dict[int, str]:
@@ -74,15 +74,18 @@ def rewrite_part(out: Path, manifest: Manifest, shard: int, part: str, redone: d
     if part.endswith(".parquet"):
         schema = pq.read_schema(out / part)
         save_scores = "importance" in schema.names
+        extra = _pass_through(redone, [n for n in schema.names if n not in output_schema(True).names])
         for row, r in redone.items():
-            docs[at[row]] = to_dict(r, save_scores)
+            docs[at[row]] = to_dict(r, save_scores) | extra[row]
         sink = pa.BufferOutputStream()
         pq.write_table(pa.Table.from_pylist(docs, schema=schema), sink, compression="zstd")
         files.append((part_name(shard, seq, "parquet"), sink.getvalue().to_pybytes()))
     else:
         save_scores = any("importance" in d for d in docs)
+        columns = dict.fromkeys(k for d in docs for k in d if k not in output_schema(True).names)
+        extra = _pass_through(redone, list(columns))
         for row, r in redone.items():
-            docs[at[row]] = to_dict(r, save_scores)
+            docs[at[row]] = to_dict(r, save_scores) | extra[row]
         files.append((part_name(shard, seq, "jsonl"), b"".join(orjson.dumps(d) + b"\n" for d in docs)))
     if prog.openai_parts:
         old_lines = (out / prog.openai_parts[prog.parts.index(part)]).read_bytes().splitlines(keepends=True)
@@ -92,6 +95,16 @@ def rewrite_part(out: Path, manifest: Manifest, shard: int, part: str, redone: d
     names = write_parts(out, files)
     taken.update(names)
     return names[0], manifest.replace_part(shard, part, names, deltas)
+
+
+def _pass_through(redone: dict[int, RowResult], columns: list[str]) -> dict[int, dict]:
+    """The --pass-through columns a part holds, read again for its redone rows (the input may have been mended)."""
+    if not columns:
+        return {row: {} for row in redone}
+    from spcli.io.passthrough import PassThrough
+
+    rows = sorted(redone)
+    return dict(zip(rows, PassThrough(tuple(columns)).values([redone[row] for row in rows])))
 
 
 def delete(out: Path, names: list[str]) -> None:
