@@ -80,3 +80,9 @@ def test_prefill_of_nothing_is_nothing():
     assert api.prefill([]) == []
     with pytest.raises(ConfigError, match="record 0"):
         api.prefill([json.dumps({"prompt": "a string, not a dict"})])
+
+
+def test_prefill_brings_back_pass_through_columns(tiny_dir):
+    recs = [{**r, "queue": f"q{i}", "priority": i} for i, r in enumerate(records(2))]
+    rows = api.prefill(recs, model=str(tiny_dir), pass_through="queue,priority", **FLAGS)
+    assert [(r["id"], r["queue"], r["priority"]) for r in rows] == [("r0", "q0", 0), ("r1", "q1", 1)]
