@@ -33,7 +33,7 @@ def check_speculator_chunk(chunk: int) -> None:
 SPECULATOR_CHUNK = 8192  # tokens per speculator prefill call: its activations are one chunk's, not the prompt's
 AUTO = "auto"  # keep = auto: a per-prompt budget from the importance itself (keep_scale, keep_min, keep_max)
 AUTO_CRITERION = "perplexity-unpooled"  # keep = auto's budget: spcli.engine.select.auto_budget (issue 20)
-KEEP_SCALE = 1.5  # measured: README, Choosing keep
+KEEP_SCALE = 1.5  # measured: docs/results.md, keep auto
 
 
 def parse_keep(text: str | float, flag: str = "--keep") -> float | str:
@@ -51,8 +51,8 @@ def parse_keep(text: str | float, flag: str = "--keep") -> float | str:
 
 
 UNITS = ("sentence", "word", "chunk")  # spcli.engine.units
-MIN_TOKENS = 512  # measured: README, Short prompts
-MIN_FREE = 128  # measured: README, Short prompts
+MIN_TOKENS = 512  # docs/results.md, Selection units and short prompts
+MIN_FREE = 128  # docs/results.md, Selection units and short prompts
 MAX_UNIT = 32
 PROTECT = "system,instruction"  # chat roles whose messages are never dropped, and the record's instruction field
 INSTRUCTION = "instruction"  # in --protect: the record's instruction (FieldConfig.instruction), put before its prompt
