@@ -45,7 +45,9 @@ QUESTIONS = ["What colour was the door?", "What did the ferry bring?", "How many
 CLEAN_ENV = dict(os.environ)  # before any vLLM in this process adds its variables (LD_PRELOAD, ...)
 MAX_TOKENS = 12
 COMMON = ["--model", "smollm2-135m", "--dtype", "float32", "--max-tokens", str(MAX_TOKENS)]
-PRUNED = ["--keep", "0.3", "--min-tokens", "16", "--batch-size", "2", "--commit-interval", "0"]
+# chunk units and no short-prompt floor: the paper's budget, ceil(keep x n), which the tests below check exactly
+SELECT = ["--unit", "chunk", "--min-free", "0"]
+PRUNED = ["--keep", "0.3", "--min-tokens", "16", *SELECT, "--batch-size", "2", "--commit-interval", "0"]
 
 
 def chat_rows() -> list[dict]:
@@ -345,7 +347,7 @@ def test_keep_auto_runs_on_vllm(shared_engine, chat_jsonl, tiny_dir, tmp_path):
     """--keep auto chooses each prompt's budget in the shared prepare stage from the unpooled importance the
     workers' replicas send back; vLLM prefills what it chose, the same tokens as the hf engine."""
     auto = ["--keep", "auto", "--keep-scale", "0.5", "--keep-min", "0.1", "--keep-max", "0.6", "--min-tokens", "16",
-            "--batch-size", "2", "--speculator", str(tiny_dir)]
+            *SELECT, "--batch-size", "2", "--speculator", str(tiny_dir)]
     code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "vllm"), "--engine", "vllm", *COMMON, *auto)
     assert code == 0, (output, exc)
     rows = read_rows(tmp_path / "vllm")
@@ -471,7 +473,7 @@ def test_stream_stops_at_a_safe_point_and_resumes_exactly_once(pruned_run, share
     way a prefix is committed, the run exits 75, and the rerun commits the rest: every row once, as uninterrupted."""
     out = tmp_path / "out"
     args = [str(chat_jsonl), "--out", str(out), "--engine", "vllm", "--speculator", str(tiny_dir), *COMMON,
-            "--keep", "0.3", "--min-tokens", "16", "--batch-size", "1", "--commit-interval", "0"]
+            "--keep", "0.3", "--min-tokens", "16", *SELECT, "--batch-size", "1", "--commit-interval", "0"]
     with monkeypatch.context() as mp:
         stop_after_first_commit(mp, signum)
         code, output, exc = spcli_run(*args)
