@@ -152,10 +152,26 @@ def test_prompt_longer_than_the_context_is_an_error_row_by_default(matrix, tiny_
 
     src, rows, by_row, _ = matrix
     n = len(AutoTokenizer.from_pretrained(tiny_dir)(LONG)["input_ids"])
+    assert n > 4096
     row = by_row[rows["too_long"]]
     assert row["error"] == (f"{src}:line {rows['too_long'] + 1}: prompt has {n} tokens, more than the 4094 allowed "
-                            "(the model's max_position_embeddings 4096 minus max_tokens 2; lower --max-tokens); "
-                            "use --truncate left|middle to cut it")
+                            "(the model's max_position_embeddings 4096 minus max_tokens 2; the prompt alone exceeds the "
+                            "model's 4096 positions); use --truncate left|middle to cut it")
+
+
+def test_lower_max_tokens_is_suggested_only_where_it_makes_the_prompt_fit(tiny_dir):
+    """Issue 31: a 48,540-token row was told to lower --max-tokens, which could never fit it."""
+    from spcli.engine.load import load_stack
+    from spcli.engine.tokenize import kept_positions
+    from spcli.errors import RecordError
+
+    stack = load_stack(str(tiny_dir), "self:2", "float32", "cpu", with_base=False)
+    limit = stack.prompt_limit(64)
+    with pytest.raises(RecordError, match="minus max_tokens 64; lower --max-tokens"):
+        kept_positions(4090, stack.max_prompt_tokens(64), "error", limit)
+    with pytest.raises(RecordError, match="the prompt alone exceeds the model's 4096 positions") as e:
+        kept_positions(48540, stack.max_prompt_tokens(64), "error", limit)
+    assert "lower --max-tokens" not in str(e.value)
 
 
 @pytest.mark.parametrize("policy", ["left", "middle"])

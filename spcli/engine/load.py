@@ -237,12 +237,14 @@ class ModelStack:
         room = self.max_positions - max_tokens
         return room if self.max_prompt_len is None else min(room, self.max_prompt_len)
 
-    def prompt_limit(self, max_tokens: int) -> str:
-        """Where max_prompt_tokens comes from, for an error row: the limit and the flag that raises it."""
+    def prompt_limit(self, max_tokens: int):
+        """Where max_prompt_tokens comes from, for an error row: the limit and what raises it, as a function of
+        the prompt's length n (lowering --max-tokens is suggested only where that makes the prompt fit)."""
         if self.max_prompt_len is not None and self.max_prompt_len < self.max_positions - max_tokens:
             return f"the speculator's memory plan is sized for {self.max_prompt_len}-token prompts; raise {self.prompt_len_flag}"
-        return (f"the model's max_position_embeddings {self.max_positions} minus max_tokens {max_tokens}; "
-                "lower --max-tokens")
+        limit = f"the model's max_position_embeddings {self.max_positions} minus max_tokens {max_tokens}"
+        return lambda n: limit + ("; lower --max-tokens" if n < self.max_positions else
+                                  f"; the prompt alone exceeds the model's {self.max_positions} positions")
 
     @property
     def speculator(self) -> nn.Module:

@@ -42,13 +42,15 @@ def tokenize(record: Record, tokenizer, max_prompt_tokens: int, truncate: str, l
     return [ids[i] for i in kept_positions(len(ids), max_prompt_tokens, truncate, limit)]
 
 
-def kept_positions(n: int, max_prompt_tokens: int, truncate: str, limit: str = "") -> range | list[int]:
-    """The token positions a prompt of n tokens keeps under `truncate` (all n when it fits)."""
+def kept_positions(n: int, max_prompt_tokens: int, truncate: str, limit="") -> range | list[int]:
+    """The token positions a prompt of n tokens keeps under `truncate` (all n when it fits). `limit`: where
+    max_prompt_tokens comes from, a string or a function of n (ModelStack.prompt_limit)."""
     if n == 0:
         raise RecordError("prompt tokenizes to nothing")
     if n <= max_prompt_tokens:
         return range(n)
     if truncate == "error":
+        limit = limit(n) if callable(limit) else limit
         raise RecordError(
             f"prompt has {n} tokens, more than the {max_prompt_tokens} allowed"
             + (f" ({limit})" if limit else "") + "; use --truncate left|middle to cut it"
