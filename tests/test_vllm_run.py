@@ -383,7 +383,8 @@ def test_tensor_parallel_2_shares_the_speculator_between_both_ranks(tmp_path_fac
     base, spec = build_tiny(root / "base", smollm2_dir), build_tiny(root / "spec", smollm2_dir, seed=1)
     score = ScoreConfig(lookahead=0, window=8, score_layers="1", pool=3, rows="mean")
     cfg = RunConfig(inputs=("-",), out="-", model=str(base), speculator=str(spec), engine="vllm", dtype="float32",
-                    select=SelectConfig(keep=0.3, min_tokens=16, chunk=8), score=score, vllm=VllmConfig(tp=2))
+                    select=SelectConfig(keep=0.3, min_tokens=16, chunk=8, unit="chunk", min_free=0), score=score,
+                    vllm=VllmConfig(tp=2))
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (300, 200, 250, 120)]
     with pytest.MonkeyPatch.context() as mp:
