@@ -1,7 +1,7 @@
 """The whole job against plain vLLM: N prompts through `spcli run` as a user runs it, and through `LLM.generate`.
 
     .venv-vllm/bin/python benches/job.py [--model smollm2-135m] [--speculator S] [--n 8] [--length 1536]
-        [--max-tokens 16] [--keep 0.1] [--engines hf,vllm] [--dtype auto] [--out docs/results/job/NAME]
+        [--max-tokens 32] [--keep 0.1] [--engines hf,vllm] [--dtype auto] [--out docs/results/job/NAME]
 
 N seeded needle prompts (`spcli eval`'s niah task: one 7-digit number to find, ~L tokens in the chat
 template) as one JSONL shard, then one process each, one after the other, timed from start to exit
@@ -90,6 +90,14 @@ def make_shard(model: str, n: int, length: int, seed: int, path: Path) -> dict[s
     return {ex.id: ex.answers for ex in examples}
 
 
+def code_version() -> str:
+    """The checkout's commit, and how many files under spcli/ differ from it (what `spcli run` ran)."""
+    repo = Path(__file__).resolve().parents[1]
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    changed = len(git("status", "--porcelain", "--", "spcli").splitlines())
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + (f" + {changed} changed files in spcli/" if changed else "")
+
+
 def timed(cmd: list[str], log: Path) -> float:
     """Wall seconds of one process from start to exit; its output goes to `log`."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
@@ -169,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--speculator", default=None, help="default: the model's")
     ap.add_argument("--n", type=int, default=8, help="prompts")
     ap.add_argument("--length", type=int, default=1536, help="prompt tokens (chat template included)")
-    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=32, help="niah's answer needs ~25 of SmolLM2's tokens")
     ap.add_argument("--keep", type=float, default=0.1)
     ap.add_argument("--engines", default="hf,vllm", help="spcli engines to run at --keep; vllm also at keep 1.0")
     ap.add_argument("--dtype", default="auto", help="for every run; auto: as spcli resolves it for the vllm engine")
@@ -206,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = summarize(runs, answers, limit)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     head = (f"{args.model} (speculator {args.speculator or 'default'}), {args.n} niah prompts x ~{args.length} tokens, "
-            f"{args.max_tokens} tokens out, keep {args.keep}; {len(os.sched_getaffinity(0))} CPUs, load average {load}")
+            f"{args.max_tokens} tokens out, keep {args.keep}; {len(os.sched_getaffinity(0))} CPUs, load average {load}; "
+            f"code {code_version()}")
     print(head)
     print(table(rows))
     if args.out:
