@@ -30,7 +30,8 @@ def config(src, out, tiny_dir, keep: float = 0.3, **kw) -> RunConfig:
     return RunConfig(
         inputs=(str(src),), out=str(out), model=str(tiny_dir), speculator="self:2", dtype="float32",
         batch_size=kw.pop("batch_size", 2), commit_interval=kw.pop("commit_interval", 0.0),
-        select=SelectConfig(keep=keep, chunk=8, keep_last=8, min_tokens=16), score=ScoreConfig(lookahead=2),
+        select=SelectConfig(keep=keep, chunk=8, keep_last=8, min_tokens=16, min_free=0, unit="chunk"),  # as argv
+        score=ScoreConfig(lookahead=2),
         generate=GenerateConfig(max_tokens=2), **kw,
     )
 
