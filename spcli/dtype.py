@@ -5,7 +5,8 @@
   base) and per the best of the CPU's features that the rule reads (CPU_FEATURES: AMX, AVX512-BF16, AVX2),
   from CPU_DTYPE below. Measured with benches/dtype.py on SmolLM2-135M, ~1.5k-token prefills
   (docs/results/dtype.md): with AMX bf16 is faster in both engines; without AMX (AVX512-BF16 emulated on an
-  AMX CPU by capping oneDNN and torch's AMX probe) float32 was faster in both; on an AVX2-only CPU
+  AMX CPU by capping oneDNN and torch's AMX probe) float32 was faster in transformers, and in vLLM in one
+  round of two (the quieter round had vLLM's bf16 faster: undecided, float32 kept); on an AVX2-only CPU
   transformers' bf16 was ~4.5x slower than float32 (docs/results.md, "The CPU dtype"); vLLM on AVX2 is not measured.
 
 The device comes from the caller (spcli never probes the GPU here); the answer is a pure function of
