@@ -53,3 +53,17 @@ def test_scatter_puts_one_value_in_each_slice_of_the_prompt(tokenizer):
         assert len(ex.answers) == len(set(ex.answers)) == 8 and ex.require_all
         assert at == sorted(at) and at[0] < 0.2 and at[-1] > 0.8
         assert all(0.05 < b - a < 0.25 for a, b in zip(at, at[1:]))  # spread out, not clustered
+
+
+def test_needles_family_expands_and_needle_first_asks_before_the_document(tokenizer):
+    from spcli.evaluate.tasks import expand_tasks
+
+    assert expand_tasks(["niah", "needles", "needle-code"]) == ("niah", "needle-code", "needle-name", "needle-date",
+                                                               "needle-first")
+    for ex in generate("needle-first", tokenizer, 1024, 3, seed=0):
+        text = ex.messages[-1]["content"]
+        (instruction,) = ex.protected
+        assert text.startswith(instruction) and "Question:" in instruction and text.index(ex.needles[0]) > len(instruction)
+        assert "vault" not in text[text.index(ex.needles[0]) + len(ex.needles[0]):]  # nothing asked after the notes
+    for ex in generate("needle-code", tokenizer, 1024, 4, seed=0):
+        assert ex.needles[0].endswith(f" {ex.answers[0]}.") and not ex.protected  # the code ends its sentence

@@ -48,16 +48,18 @@ def _buried(rng, filler, needle: str, frame):
     return build, {"depth": depth}
 
 
-def _question_after(intro: str, question: str):
-    return lambda text: f"{intro}\n\n{text}\n\n{question}"
+INTRO = "Read the following notes carefully. I will ask you about them afterwards."
+
+
+def _asked_after(rng, filler, needle: str, question: str):
+    """build(num_tokens) for a needle in notes that the question follows."""
+    return _buried(rng, filler, needle, lambda text: f"{INTRO}\n\n{text}\n\n{question}")
 
 
 def needle_code(rng, filler, length, _):
     thing, code = _thing(rng), _code(rng)
     needle = f"The access code for the {thing} vault is {code}."
-    build, meta = _buried(rng, filler, needle, _question_after(
-        "Read the following notes carefully. I will ask you about them afterwards.",
-        f"What is the access code for the {thing} vault? Answer with the code only."))
+    build, meta = _asked_after(rng, filler, needle, f"What is the access code for the {thing} vault? Answer with the code only.")
     return build, (code,), (needle,), meta
 
 
@@ -66,9 +68,7 @@ def needle_name(rng, filler, length, _):
 
     thing, name = _thing(rng), f"{rng.choice(FIRST)} {rng.choice(LAST)}"
     needle = f"The {thing} project is led by {name}."
-    build, meta = _buried(rng, filler, needle, _question_after(
-        "Read the following notes carefully. I will ask you about them afterwards.",
-        f"Who leads the {thing} project? Answer with the person's full name only."))
+    build, meta = _asked_after(rng, filler, needle, f"Who leads the {thing} project? Answer with the person's full name only.")
     return build, (name,), (needle,), meta
 
 
@@ -76,9 +76,7 @@ def needle_date(rng, filler, length, _):
     thing = _thing(rng)
     month, day, year = rng.choice(MONTHS), rng.randrange(1, 29), rng.randrange(2024, 2031)
     needle = f"The {thing} shipment is due on {month} {day}, {year}."
-    build, meta = _buried(rng, filler, needle, _question_after(
-        "Read the following notes carefully. I will ask you about them afterwards.",
-        f"On what date is the {thing} shipment due? Answer with the date only."))
+    build, meta = _asked_after(rng, filler, needle, f"On what date is the {thing} shipment due? Answer with the date only.")
     return build, (month, str(day), str(year)), (needle,), meta
 
 
