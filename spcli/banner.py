@@ -19,9 +19,9 @@ def banner_lines(cfg: RunConfig, shards: list[Shard], rows_total: int | None, mo
 
     speculator = cfg.speculator or models.default_speculator(cfg.model)
     score = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.score).items())
-    auto_only = ("keep_scale", "keep_min", "keep_max")  # used at keep auto only
-    select = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.select).items()
-                       if k != "keep" and (cfg.select.keep == "auto" or k not in auto_only))
+    unused = {"keep"} | ({"keep_scale", "keep_min", "keep_max"} if cfg.select.keep != "auto" else set())
+    unused |= {"max_unit", "unit_score"} if cfg.select.unit == "chunk" else set()  # fixed chunks read neither
+    select = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cfg.select).items() if k not in unused)
     rows = "rows unknown" if rows_total is None else f"{rows_total} row{'' if rows_total == 1 else 's'}"
     model = cfg.model if cfg.model == model_path else f"{cfg.model} ({model_path})"
     source = profiles.settings_source(cfg.score, cfg.select, cfg.model, Path(model_path), speculator)

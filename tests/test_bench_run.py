@@ -12,7 +12,8 @@ REQUIRED = {"keep", "length", "batch", "ttft_full_s", "ttft_spec_s", "speedup", 
 def test_bench_json_schema_and_consistent_ratios(tmp_path, tiny_dir):
     res = CliRunner().invoke(app, ["bench", "--model", str(tiny_dir), "--speculator", "self:1", "--dtype", "float32",
                                    "--keep", "0.1,0.5", "--lengths", "300", "--batch", "2", "--repeats", "1",
-                                   "--warmup", "0", "--max-tokens", "2", "--json", "--out", str(tmp_path)])
+                                   "--warmup", "0", "--max-tokens", "2", "--json", "--out", str(tmp_path),
+                                   "--unit", "chunk", "--min-free", "0"])  # exact budgets
     assert res.exit_code == 0, res.output
     rows = [json.loads(line) for line in res.stdout.strip().splitlines()]
     assert [(r["keep"], r["length"], r["batch"]) for r in rows] == [(0.1, 300, 2), (0.5, 300, 2)]

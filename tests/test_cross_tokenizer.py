@@ -72,7 +72,8 @@ def test_same_tokenizer_pair_keeps_the_exact_index_path(tmp_path, tiny_dir):
         (spec,) = speculate_batch(stack.speculator, [ids], cfg.score, stack.eos_ids, stack.device)
         assert req.token_ids == ids
         assert torch.equal(req.importance, spec.importance)
-        assert torch.equal(req.kept, select_tokens(spec.importance, cfg.select, cfg.select.keep))
+        assert torch.equal(req.kept, select_tokens(spec.importance, cfg.select, cfg.select.keep, units=req.units,
+                                                   protected=req.protected))
 
 
 def test_constructed_fact_ranks_first_under_both_tokenizers(smollm2_dir, other_tokenizer_dir):

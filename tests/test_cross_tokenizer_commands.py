@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from spcli.cli import app
-from spcli.config import ScoreConfig
+from spcli.config import ScoreConfig, SelectConfig
 from spcli.engine.load import CROSS_TOKENIZER, load_stack
 from spcli.evaluate.compare import evaluate_example, example_signals, prompt_ids
 from spcli.evaluate.config import EvalConfig
@@ -25,7 +25,7 @@ SCORE_FLAGS = ["--window", "8", "--lookahead", "2", "--score-layers", "all", "--
 def test_eval_carries_every_speculator_signal_to_the_base_tokens(tmp_path, tiny_other_dir, tiny_dir):
     m = load_stack(str(tiny_other_dir), str(tiny_dir), "float32", "cpu")
     cfg = EvalConfig(out=str(tmp_path), tasks=("niah",), lengths=(400,), model=str(tiny_other_dir),
-                     speculator=str(tiny_dir), keeps=(0.2, 1.0), samples=1,
+                     speculator=str(tiny_dir), keeps=(0.2, 1.0), samples=1, select=SelectConfig(keep=1.0, min_tokens=256),
                      selectors=("specprefill", "specprefill-paper", "self-information", "random"),
                      score=ScoreConfig(window=8, lookahead=2, score_layers="all", pool=3, rows="mean"))
     cfg = resolve(cfg, cfg.model, m.path, m.speculator_name)

@@ -23,7 +23,7 @@ def models(tiny_dir):
 
 def config(tiny_dir, **kw):
     base = dict(out="unused", tasks=("niah",), model=str(tiny_dir), speculator="self:2", dtype="float32", device="cpu",
-                select=SelectConfig(keep=1.0, min_tokens=0))
+                select=SelectConfig(keep=1.0, min_tokens=0, min_free=0, unit="chunk"))  # exact budgets
     return EvalConfig(**{**base, **kw})
 
 
@@ -116,7 +116,8 @@ def test_eval_auto_policy_is_matched_by_a_fixed_keep_and_compared_paired(tmp_pat
                                    "--model", str(tiny_dir), "--speculator", "self:2", "--keep", "auto:0.5,1.0",
                                    "--keep-min", "0.1", "--keep-max", "0.4", "--selector", "specprefill",
                                    "--dtype", "float32", "--out", str(out), "--bootstrap", "200",
-                                   "--min-tokens", "0", "--max-tokens", "4", "--compare-tokens", "4"])
+                                   "--min-tokens", "0", "--max-tokens", "4", "--compare-tokens", "4",
+                                   "--min-free", "0", "--unit", "chunk"])  # exact budgets
     assert res.exit_code == 0, res.output
     results = json.loads((out / "results.json").read_text())
     ((policy, fixed),) = results["matched_keeps"].items()

@@ -12,7 +12,7 @@ from spcli.engine.speculate import speculate
 from spcli.evaluate.selectors import SELECTORS, Signals, select, speculator_signals
 
 CPU = torch.device("cpu")
-CFG = SelectConfig(keep=1.0, chunk=32, keep_first=4, keep_last=64, min_tokens=0)
+CFG = SelectConfig(keep=1.0, chunk=32, keep_first=4, keep_last=64, min_tokens=0, min_free=0, unit="chunk")  # exact budgets
 N = 1000  # odd on purpose: the last chunk is short
 
 
@@ -97,6 +97,6 @@ def test_specprefill_paper_is_the_paper_recipe_on_the_same_speculator(tiny_dir):
     torch.testing.assert_close(sig.paper_importance, paper)
     torch.testing.assert_close(sig.importance, speculate(base, ids, window, set(), CPU).importance)
     assert not torch.allclose(sig.importance, sig.paper_importance) and sig.paper_s > 0
-    cfg = SelectConfig(keep=1.0, chunk=8, keep_last=8, min_tokens=16)
+    cfg = SelectConfig(keep=1.0, chunk=8, keep_last=8, min_tokens=16, min_free=0)
     assert torch.equal(select("specprefill-paper", len(ids), sig, cfg, 0.3, 0),
                        select_tokens(paper, dataclasses.replace(cfg, chunk=PAPER_CHUNK), 0.3))  # its own chunk of 32

@@ -43,13 +43,13 @@ def test_full_attention_model_passes(tiny_dir):
 def test_an_engine_bound_on_prompt_length_is_an_error_row_naming_its_flag(tiny_dir):
     """vLLM sizes the speculator's GPU share for max_model_len-token prompts: a longer one is refused as an
     error row naming that limit and the flag that raises it, before anything runs out of memory."""
-    from spcli.config import RunConfig
+    from spcli.config import RunConfig, SelectConfig
     from spcli.engine.prepare import request_for
     from spcli.errors import RecordError
     from spcli.io.records import Record
 
     stack = load.load_stack(str(tiny_dir), "self:2", "float32", "cpu", with_base=False)
-    cfg = RunConfig(inputs=("x",), out="x")
+    cfg = RunConfig(inputs=("x",), out="x", select=SelectConfig(chunk=8))  # resolved, as run passes it
     rec = Record(0, 0, "r", prompt="word " * 300)
     assert request_for(rec, cfg, stack).num_prompt_tokens > 200
     stack.max_prompt_len, stack.prompt_len_flag = 200, "--max-model-len (it sizes the speculator's share of the GPU)"

@@ -163,8 +163,9 @@ def test_truncated_prompt_units_match_its_ids(smollm2_dir):
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     rec = Record(0, 0, "r", prompt="One sentence here. " * 100)
-    ids, units = tokenize_units(rec, tok, 120, "middle", "", UNIT_CFG("sentence"))
-    assert len(ids) == 120 and units.shape == (120,)
+    ids, layout = tokenize_units(rec, tok, 120, "middle", "", UNIT_CFG("sentence"))
+    units = layout.units
+    assert len(ids) == 120 and units.shape == (120,) and layout.protected is None
     assert units[60] != units[59]  # the middle cut starts a unit
 
 

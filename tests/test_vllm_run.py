@@ -274,11 +274,11 @@ def test_resume_after_sigterm_to_the_process_group(pruned_run, shared_engine, ch
     assert ours[-1].startswith(("spcli: interrupted: stopped by SIGTERM with",  # between batches
                                 "spcli: interrupted: a stop signal reached the engine's processes too")), ours[-1]  # mid-batch
     first = read_rows(out)
-    assert 0 < len(first) < 6
+    assert 0 < len(first) <= 6  # the streaming loop lets the requests already in vLLM finish: all 6 may be
 
     code, output, exc = spcli_run(*args)  # resume, in this process, on the shared engine
     assert code == 0, (output, exc)
-    assert "done: 6 rows in total (0 failed), " in output
+    assert ("done: 6 rows in total (0 failed), " if len(first) < 6 else "nothing to do: 6 rows already done") in output
     rows = read_rows(out)
     assert rows.keys() == pruned_run.keys()
     for rid, row in rows.items():
