@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from itertools import islice
 
 from spcli.config import RunConfig
-from spcli.engine.prepare import prepare
+from spcli.engine.prepare import start_prepare
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.errors import RecordError
 from spcli.io.records import Record, shard_kind, where
@@ -70,39 +70,58 @@ def over_budget_warning(count: int, num_rows: int, select) -> str:
             "(or --keep-first) or raise --keep for prompts this short")
 
 
+class Prepared:
+    """A window of records on its way to the base pass: their speculator pass may still be running
+    (prepare.start_prepare); `finish()` gives, per record in order, its checked request or its error row."""
+
+    def __init__(self, engine, records: list[Record], cfg: RunConfig, shard_paths: dict[int, str],
+                 on_stage=lambda text: None, should_stop=lambda: False, overlap: bool = False):
+        self.engine, self.records, self.shard_paths = engine, records, shard_paths
+        self.out: list[PrunedRequest | RowResult | None] = [
+            error_row(rec, shard_paths, rec.error) if rec.error is not None else None for rec in records]
+        self.todo = [i for i, rec in enumerate(records) if rec.error is None]
+        self.scoring = start_prepare([records[i] for i in self.todo], cfg, engine.stack, on_stage, should_stop,
+                                     overlap=overlap)
+
+    def ready(self) -> bool:
+        return self.scoring.ready()
+
+    def finish(self) -> list[PrunedRequest | RowResult]:
+        for i, req in zip(self.todo, self.scoring.finish()):
+            try:
+                if isinstance(req, RecordError):
+                    raise req
+                self.engine.check(req)
+                self.out[i] = req
+            except RecordError as e:
+                self.out[i] = error_row(self.records[i], self.shard_paths, f"{where_of(self.records[i], self.shard_paths)}: {e}")
+        return self.out
+
+
 def prepared(engine, records: list[Record], cfg: RunConfig, shard_paths: dict[int, str], on_stage=lambda text: None,
              should_stop=lambda: False) -> list[PrunedRequest | RowResult]:
     """Per record, in order: its checked request for the base pass, or its error row (a bad record, a prepare
     RecordError, or one the engine refuses)."""
-    out: list[PrunedRequest | RowResult] = []
-    todo = []
-    for rec in records:
-        out.append(error_row(rec, shard_paths, rec.error) if rec.error is not None else None)
-        if rec.error is None:
-            todo.append(len(out) - 1)
-    for i, req in zip(todo, prepare([records[i] for i in todo], cfg, engine.stack, on_stage, should_stop)):
-        try:
-            if isinstance(req, RecordError):
-                raise req
-            engine.check(req)
-            out[i] = req
-        except RecordError as e:
-            out[i] = error_row(records[i], shard_paths, f"{where_of(records[i], shard_paths)}: {e}")
-    return out
+    return Prepared(engine, records, cfg, shard_paths, on_stage, should_stop).finish()
 
 
 def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard_paths: dict[int, str], window: int,
                 on_window=lambda records: None, on_stage=lambda text: None, should_stop=lambda: False,
-                should_drain=lambda: False) -> Iterator[tuple[Record, RowResult]]:
+                should_drain=lambda: False, overlap: bool = False) -> Iterator[tuple[Record, RowResult]]:
     """The job loop of an engine that takes requests as they come (`stream`: vllm_stream.VllmStream): records are
     read `window` at a time, prepared (tokenize -> speculate -> select: prepare.py) and handed to the base engine at
     once, up to stream.limit(...) in flight (what vLLM's KV cache and max_num_seqs run, twice over); the next
-    window is scored whenever fewer than one running set is waiting. Rows come back as they finish, in any order;
-    the caller puts them back in read order. should_stop() is asked between engine steps (StopAtSafePoint: the
-    requests in flight are the caller's to abort); once should_drain() says yes, nothing more is read or
-    submitted (scored requests not yet in the engine are dropped) and the loop ends when the engine is empty.
-    on_window(records) sees each window before it is prepared."""
+    window is scored whenever fewer than one running set is waiting or being scored. Rows come back as they
+    finish, in any order; the caller puts them back in read order. should_stop() is asked between engine steps
+    (StopAtSafePoint: the requests in flight are the caller's to abort); once should_drain() says yes, nothing
+    more is read or submitted (scored requests not yet in the engine are dropped) and the loop ends when the
+    engine is empty. on_window(records) sees each window before it is prepared.
+
+    `overlap` (--speculator-overlap): a window's speculator pass is submitted to the workers' own threads and
+    collected once done, while vLLM steps meanwhile (at most one window scoring at a time); it is waited for
+    only when vLLM has nothing else to run. Without it, each window is scored before the loop steps again."""
     pending: deque[tuple[Record, PrunedRequest, float]] = deque()  # prepared, not yet in the engine
+    scoring: deque[tuple[Prepared, float]] = deque()  # windows whose speculator pass is under way
     started: dict[str, tuple] = {}  # key -> (record, request, when its window was read, when it was submitted)
     tokens, count = 0, 0  # kept + generated tokens of the requests submitted so far, for the KV-bound limit
     is_exhausted = False
@@ -110,18 +129,23 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
         if not is_exhausted and should_drain():
             is_exhausted = True
             pending.clear()  # never started: redone on resume
+            scoring.clear()  # likewise (a worker finishes its job; nobody collects it)
         size = tokens / count if count else 0
-        if not is_exhausted and len(pending) < stream.capacity(size):
+        num_scoring = sum(len(p.records) for p, _ in scoring)
+        if not is_exhausted and not scoring and len(pending) + num_scoring < stream.capacity(size):
             batch = list(islice(records, window))
             is_exhausted = not batch
             if batch:
                 on_window(batch)
-                t0 = time.perf_counter()
-                for rec, item in zip(batch, prepared(engine, batch, cfg, shard_paths, on_stage, should_stop)):
-                    if isinstance(item, RowResult):
-                        yield rec, item
-                    else:
-                        pending.append((rec, item, t0))
+                scoring.append((Prepared(engine, batch, cfg, shard_paths, on_stage, should_stop, overlap),
+                                time.perf_counter()))
+        while scoring and (not (stream.num_in_flight or pending) or scoring[0][0].ready()):
+            window_of, t0 = scoring.popleft()
+            for rec, item in zip(window_of.records, window_of.finish()):
+                if isinstance(item, RowResult):
+                    yield rec, item
+                else:
+                    pending.append((rec, item, t0))
         while pending and stream.num_in_flight < stream.limit(size):
             rec, req, t0 = pending.popleft()
             try:
@@ -132,12 +156,13 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
             started[key] = (rec, req, t0, time.perf_counter())
             tokens, count = tokens + int(req.kept.numel()) + req.max_tokens, count + 1
         if not stream.num_in_flight:
-            if is_exhausted and not pending:
+            if is_exhausted and not pending and not scoring:
                 return
             continue
         if should_stop():
             raise StopAtSafePoint
-        on_stage(f"base pass: {stream.num_in_flight} rows in vLLM, {len(pending)} scored and waiting")
+        on_stage(f"base pass: {stream.num_in_flight} rows in vLLM, {len(pending)} scored and waiting"
+                 + (f", {num_scoring} being scored" if scoring else ""))
         for key, gen in stream.poll():
             rec, req, t0, t_added = started.pop(key)
             if isinstance(gen, RecordError):

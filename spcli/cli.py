@@ -90,6 +90,7 @@ def run(
     min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are prefilled whole (no speculator).")] = MIN_TOKENS,
     min_free: Annotated[int, typer.Option(help="The rule for short prompts: a row keeps ceil(keep x its tokens), the forced --keep-first/--keep-last included, but at least the forced ones plus this many chosen ones (a 1k-token prompt at keep 0.1 keeps 196, not 103); 0 = the keep rate alone.")] = MIN_FREE,
     protect: Annotated[str, typer.Option(help="Text never dropped, kept on top of the keep budget: the content of chat messages of these roles, and 'instruction' = a record's instruction field (put before its prompt or first user message), comma-separated; '' = none.")] = PROTECT,
+    restate: Annotated[bool, typer.Option("--restate/--no-restate", help="The speculator reads a record's instruction (--instruction-field) again after the prompt, so a question asked before the document scores it (the base model never sees it twice).")] = True,
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate per row (a record's max_tokens overrides).")] = 64,
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,
@@ -122,6 +123,7 @@ def run(
     max_num_seqs: Annotated[Optional[int], typer.Option(help="vllm: most requests in one scheduler step. Default: vLLM's.")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="vllm: auto (the model's dtype) or fp8 (half the KV bytes per token).")] = "auto",
     speculator_placement: Annotated[str, typer.Option(help="vllm: workers (a speculator replica on every GPU, each scoring its share of a batch) or driver (one copy in this process, on --device).")] = "workers",
+    speculator_overlap: Annotated[str, typer.Option(help="vllm, workers: on = each replica scores the next window on a thread (and CUDA stream) of its own while vLLM runs the current one; off = scoring and vLLM's steps take turns; auto = on with GPUs, off on CPU (no spare cores).")] = "auto",
 ) -> None:
     """Run Speculative Prefill over prompt shards; write outputs and kept-token masks to --out.
 

@@ -16,6 +16,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: per device (spcli.d
 ENGINES = ("hf", "vllm")
 KV_CACHE_DTYPES = ("auto", "fp8")
 PLACEMENTS = ("workers", "driver")  # where the speculator runs on --engine vllm
+OVERLAPS = ("auto", "on", "off")  # --speculator-overlap: auto = on with GPU workers, off on CPU (spcli.engine.replica_queue)
 ROWS = ("mean", "max")  # how spcli.kernels.score combines the query rows' scores
 OUTPUT_FORMATS = ("parquet", "jsonl", "openai")
 TRUNCATE_POLICIES = ("error", "left", "middle")
@@ -125,6 +126,7 @@ class ScoreConfig:
     pool: int | None = None  # average-pool kernel along the token axis; 1 = no smoothing
     rows: str | None = None  # mean | max: how the query rows' scores (each the max over heads, layers) combine
     impl: str = "auto"  # scoring kernel: auto | torch | triton
+    restate: bool = True  # the speculator reads a record's instruction again after its prompt (spcli.engine.restate)
 
     def __post_init__(self) -> None:
         _check(self.lookahead is None or self.lookahead >= 0, f"--lookahead must be >= 0, got {self.lookahead}")
@@ -223,6 +225,7 @@ class VllmConfig:
     max_num_seqs: int | None = None  # requests in one scheduler step; None = vLLM's
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8: half the KV bytes (changes outputs: fingerprinted)
     speculator_placement: str = "workers"  # workers: a replica in every vLLM worker; driver: this process
+    speculator_overlap: str = "auto"  # workers score window k + 1 on their own thread while vLLM runs window k
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs is None or self.max_num_seqs >= 1, f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
@@ -230,6 +233,10 @@ class VllmConfig:
                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         _check(self.speculator_placement in PLACEMENTS,
                f"--speculator-placement must be one of {', '.join(PLACEMENTS)}, got {self.speculator_placement!r}")
+        _check(self.speculator_overlap in OVERLAPS,
+               f"--speculator-overlap must be one of {', '.join(OVERLAPS)}, got {self.speculator_overlap!r}")
+        _check(self.speculator_overlap != "on" or self.speculator_placement == "workers",
+               "--speculator-overlap on needs --speculator-placement workers (the replicas' own threads)")
         _check(self.tp is None or self.tp >= 1, f"--tp must be >= 1, got {self.tp}")
         _check(self.max_model_len is None or self.max_model_len >= 1, f"--max-model-len must be >= 1, got {self.max_model_len}")
         _check(self.max_prompt_len is None or self.max_prompt_len >= 1, f"--max-prompt-len must be >= 1, got {self.max_prompt_len}")
@@ -306,6 +313,8 @@ class RunConfig:
             del d["select"]["protect"]
         if d["score"]["rows"] in (None, "mean"):  # mean is what runs before --rows did: their directories resume
             d["score"].pop("rows")
+        if not d["score"]["restate"]:  # and without restating, what ran before --restate
+            d["score"].pop("restate")
         d.pop("vllm")  # parallelism, memory and placement: same outputs
         if not d["pass_through"]:  # absent without it, as before: those directories resume
             d.pop("pass_through")

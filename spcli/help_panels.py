@@ -24,11 +24,11 @@ PANELS: dict[str, str] = {
     **dict.fromkeys(("model", "speculator", "lookahead", "window", "score_layers", "pool", "rows", "score_impl",
                      "speculator_chunk"), MODEL),
     **dict.fromkeys(("keep", "keep_scale", "keep_min", "keep_max", "chunk", "keep_first", "keep_last", "min_tokens",
-                     "min_free", "unit", "max_unit", "unit_score", "protect"), SELECTION),
+                     "min_free", "unit", "max_unit", "unit_score", "protect", "restate"), SELECTION),
     **dict.fromkeys(("max_tokens", "temperature", "top_p", "seed", "logprobs"), GENERATION),
     **dict.fromkeys(("engine", "device", "dtype", "batch_size", "tp", "max_model_len", "max_prompt_len", "gpu_memory_utilization",
                      "max_num_batched_tokens", "enforce_eager", "max_num_seqs", "kv_cache_dtype",
-                     "speculator_placement"), ENGINE),
+                     "speculator_placement", "speculator_overlap"), ENGINE),
     **dict.fromkeys(("out", "output_format", "save_scores", "pass_through", "commit_interval", "fresh", "force",
                      "retry_failed", "quiet", "verbose"), OUTPUT),
 }

@@ -100,7 +100,7 @@ def stream_shards(engine, cfg: RunConfig, shards: list[Shard], manifest, committ
         with engine.streaming() as stream:  # an engine that dies in here leaves it as EngineDied
             rows = stream_rows(stream, engine, reorder.read(shards), cfg, paths, cfg.batch_size,
                                on_window=lambda batch: mark_duplicates(batch, ids, paths), on_stage=progress.stage,
-                               should_stop=stop.is_urgent, should_drain=lambda: stop.requested)
+                               should_stop=stop.is_urgent, should_drain=lambda: stop.requested, overlap=engine.overlap)
             try:
                 for rec, row in rows:
                     reorder.add(rec, row)

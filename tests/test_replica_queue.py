@@ -77,3 +77,40 @@ def test_speculator_jobs_through_the_queue_equal_direct_calls(tiny_dir):
     q.close()
     for g in got:
         assert [r["importance"] for r in g["results"]] == [r["importance"] for r in direct["results"]]
+
+
+def test_is_done_tells_without_waiting_and_refuses_unknown_jobs():
+    import threading
+
+    from spcli.engine.replica_queue import SpeculatorQueue
+
+    gate = threading.Event()
+    q = SpeculatorQueue()
+    try:
+        q.submit("a", gate.wait)
+        assert q.is_done("a") is False  # running, blocked on the gate: asked, not waited for
+        gate.set()
+        assert q.collect("a", timeout=10) is True
+        with pytest.raises(KeyError, match="collected already"):
+            q.is_done("a")
+    finally:
+        q.close()
+
+
+@pytest.mark.parametrize(("setting", "is_cpu", "has_workers", "want"), [
+    ("auto", False, True, True), ("auto", True, True, False), ("on", True, True, True), ("off", False, True, False),
+    ("on", False, False, False), ("auto", False, False, False)])
+def test_overlap_is_on_with_gpu_workers_or_when_asked(setting, is_cpu, has_workers, want):
+    from spcli.engine.replica_queue import overlaps
+
+    assert overlaps(setting, is_cpu, has_workers) is want
+
+
+def test_overlap_on_needs_the_workers_placement():
+    from spcli.config import VllmConfig
+    from spcli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs --speculator-placement workers"):
+        VllmConfig(speculator_overlap="on", speculator_placement="driver")
+    with pytest.raises(ConfigError, match="--speculator-overlap must be one of auto, on, off"):
+        VllmConfig(speculator_overlap="yes")

@@ -532,3 +532,26 @@ def test_worker_submit_and_collect_give_what_speculate_gives(shared_engine, tiny
     early = llm.collective_rpc("spcli_collect", args=("w0",))
     for got, want in ((early, direct[0]), (late, direct[1])):
         assert [r["importance"] for r in got[0]["results"]] == [r["importance"] for r in want[0]["results"]]
+
+
+@needs_vllm
+def test_overlapped_scoring_keeps_and_answers_what_turns_do(pruned_run, shared_engine, chat_jsonl, tiny_dir, tmp_path):
+    """--speculator-overlap on: each window is submitted to the worker's speculator thread and collected once
+    ready while vLLM steps; the rows are the same as scoring in turns (the default on CPU), exactly once."""
+    import spcli.run
+    from spcli.engine.vllm_engine import VllmEngine
+
+    engines = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spcli.run, "build_engine",
+                   lambda cfg: engines.append(VllmEngine(cfg, runner=shared_engine)) or engines[-1])
+        code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "overlap"), "--engine", "vllm",
+                                      "--speculator", str(tiny_dir), *COMMON, *PRUNED, "--speculator-overlap", "on")
+    assert code == 0, (output, exc)
+    assert engines[0].overlap
+    assert engines[0].stack.speculate_remote.num_submitted == 3  # 6 rows, windows of 2: each submitted once
+    rows = read_rows(tmp_path / "overlap")
+    assert rows.keys() == pruned_run.keys()
+    for rid, row in rows.items():
+        assert (row["kept_indices"], row["output"]) == (pruned_run[rid]["kept_indices"], pruned_run[rid]["output"]), rid
+        assert row["speculate_s"] > 0

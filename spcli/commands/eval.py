@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens for built-in tasks, comma-separated.")] = "2048",
         model: Annotated[str, typer.Option(help="Base model name, local folder, GGUF file or cached HF id.")] = "smollm2-135m",
         speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self:K. Default: the model's. A comma list A,B,... also scores with B,... (rows specprefill@B: each pair's own settings, paired against A's specprefill; one full prefill per example for all).")] = None,
-        variant: Annotated[Optional[list[str]], typer.Option(help="Also score with the first speculator at other settings, paired (repeatable): KEY=VALUE,... of lookahead, window, score_layers, pool, rows, chunk, unit, max_unit, unit_score, min_free; rows specprefill[rows=max]. E.g. --variant rows=max.", show_default=False)] = None,
+        variant: Annotated[Optional[list[str]], typer.Option(help="Also score with the first speculator at other settings, paired (repeatable): KEY=VALUE,... of lookahead, window, score_layers, pool, rows, chunk, unit, max_unit, unit_score, min_free, protect, restate (0/1); rows specprefill[rows=max]. E.g. --variant rows=max.", show_default=False)] = None,
         keep: Annotated[str, typer.Option(help="Keep rates, comma-separated; 1.0 = full prefill; auto:P = keep auto with keep scale P (auto alone: P 1.5, as `spcli run --keep-scale`).")] = "0.1,0.3,0.5,1.0",
         selector: Annotated[str, typer.Option(help="Selectors, comma-separated: specprefill, random, recency, sink-recency, self-information.")] = "specprefill,random,recency,sink-recency,self-information",
         samples: Annotated[int, typer.Option(help="Examples per task and length (or the first N input records).")] = 20,
@@ -51,6 +51,7 @@ def register(app: typer.Typer) -> None:
         max_unit: Annotated[int, typer.Option(help="--unit sentence: the longest sentence kept whole, as `spcli run --max-unit`.")] = MAX_UNIT,
         unit_score: Annotated[str, typer.Option(help="A unit's score: mean, max or topK, as `spcli run --unit-score`.")] = "mean",
         protect: Annotated[str, typer.Option(help="Text never dropped, as `spcli run --protect` (needle-first marks its instruction; --variant protect= compares without).")] = PROTECT,
+        restate: Annotated[bool, typer.Option("--restate/--no-restate", help="The speculator reads an example's instruction again after the prompt, as `spcli run --restate` (--variant restate=0 compares without).")] = True,
         keep_min: Annotated[float, typer.Option(help="auto:P policies: the least fraction of a prompt kept.")] = 0.05,
         keep_max: Annotated[float, typer.Option(help="auto:P policies: the most fraction of a prompt kept.")] = 0.5,
         match_auto: Annotated[bool, typer.Option("--match-auto/--no-match-auto", help="Per auto:P policy, also run a fixed keep at its mean kept fraction and compare the two, paired.")] = True,
@@ -80,7 +81,8 @@ def register(app: typer.Typer) -> None:
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=min_tokens,
                                 min_free=min_free, unit=unit, max_unit=max_unit, unit_score=unit_score, protect=protect,
                                 keep_min=keep_min, keep_max=keep_max),
-            score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows),
+            score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows,
+                              restate=restate),
             fields=FieldConfig(prompt=prompt_field, messages=messages_field, id=id_field),
         )
         results = run_eval(cfg, log=lambda msg: typer.echo(msg, err=True))

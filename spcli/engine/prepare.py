@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +17,7 @@ from spcli.engine.align import carry
 from spcli.engine.batching import length_groups
 from spcli.engine.load import ModelStack
 from spcli.engine.request import PrunedRequest
+from spcli.engine.restate import prompt_part, restated_ids
 from spcli.engine.select import is_pruned, select_tokens
 from spcli.engine.speculate import Speculation, speculate_batch
 from spcli.engine.tokenize import cross_tokenize, tokenize, tokenize_units
@@ -44,12 +46,18 @@ def request_for(rec: Record, cfg: RunConfig, stack: ModelStack) -> PrunedRequest
     else:  # the speculator has another tokenizer: it reads the same text in its own tokens
         ids, spec_ids, alignment, layout = cross_tokenize(rec, stack.tokenizer, spec.tokenizer, *limits,
                                                           spec.max_positions, cfg.select)
+    restated = None
+    if prunes and cfg.score.restate and rec.protected:
+        spec_len = len(ids if spec_ids is None else spec_ids)
+        limit = min(stack.max_positions if spec is None else spec.max_positions, stack.max_prompt_len or 1 << 30)
+        restated = restated_ids(rec.protected, stack.tokenizer if spec is None else spec.tokenizer, limit - spec_len)
     temperature = rec.temperature if rec.temperature is not None else cfg.generate.temperature
     return PrunedRequest(
         record_id=rec.id, token_ids=ids, kept=torch.arange(len(ids)), max_tokens=max_tokens,
         temperature=temperature, seed=row_seed(cfg.generate.seed, rec.id), keep=keep,
         num_logprobs=cfg.generate.logprobs, speculator_ids=spec_ids, alignment=alignment,
-        units=layout and layout.units, protected=layout and layout.protected,
+        units=None if layout is None else layout.units, protected=None if layout is None else layout.protected,
+        restated=restated,
     )
 
 
@@ -57,6 +65,13 @@ def prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_stage=l
             should_stop=lambda: False, with_unpooled: bool = False) -> list[PrunedRequest | RecordError]:
     """One request per record, in order, or the RecordError that makes it an error row. `with_unpooled`: also
     score at pool 1 where no record asks for keep auto (calibrate's keep sweep selects at auto afterwards)."""
+    return start_prepare(records, cfg, stack, on_stage, should_stop, with_unpooled).finish()
+
+
+def start_prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_stage=lambda text: None,
+                  should_stop=lambda: False, with_unpooled: bool = False, overlap: bool = False) -> Scoring:
+    """`prepare`, with the speculator pass submitted and collected later where `overlap` and the stack's
+    speculator can (vLLM's worker replicas: replica_queue.py); `.finish()` gives what `prepare` returns."""
     out: list[PrunedRequest | RecordError] = []
     for rec in records:
         try:
@@ -64,11 +79,9 @@ def prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_stage=l
         except RecordError as e:
             out.append(e)
     ready = [i for i, r in enumerate(out) if isinstance(r, PrunedRequest)]
-    pruned = prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop, cfg.speculator_chunk,
-                   with_unpooled)
-    for i, r in zip(ready, pruned):
-        out[i] = r
-    return out
+    scoring = start_prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop,
+                          cfg.speculator_chunk, with_unpooled, overlap)
+    return Scoring(scoring.requests, scoring.todo, scoring.select, scoring.pass_, (out, ready))
 
 
 SPECULATOR_BATCH_TOKENS = 32768  # padded tokens per speculator forward
@@ -81,6 +94,56 @@ def speculator_groups(lengths: list[int], max_tokens: int = SPECULATOR_BATCH_TOK
     return length_groups(lengths, longest_first=True, max_padding=MAX_PADDING, max_tokens=max_tokens)
 
 
+class Done:
+    """A speculator pass already made (the handle of one that ran at once)."""
+
+    def __init__(self, specs: list):
+        self.specs = specs
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self) -> list:
+        return self.specs
+
+
+@dataclass
+class Scoring:
+    """Requests whose speculator pass is under way (`pass_`: ready() and result(), the Speculations of `todo`);
+    `finish()` selects their tokens. `prepared`: (the records' requests or errors, the indices of `requests`)."""
+
+    requests: list[PrunedRequest]
+    todo: list[int]  # indices into requests of the pruned ones, in the pass's order
+    select: SelectConfig
+    pass_: Done
+    prepared: tuple[list, list[int]] | None = None
+
+    def ready(self) -> bool:
+        return self.pass_.ready()
+
+    def finish(self) -> list:
+        out: list[PrunedRequest | RecordError] = list(self.requests)
+        specs = self.pass_.result() if self.todo else []
+        for i, spec in zip(self.todo, specs, strict=True):
+            req = self.requests[i]
+            if isinstance(spec, RecordError):
+                out[i] = spec
+                continue
+            t0 = time.perf_counter()
+            spec = prompt_part(spec, len(req.speculator_token_ids))
+            req.importance = carry(spec.importance, req.alignment)  # [n]: the base's tokens (as is: same tokenizer)
+            req.unpooled = None if spec.unpooled is None else carry(spec.unpooled, req.alignment)
+            req.kept = select_tokens(req.importance, self.select, req.keep, req.forced, req.unpooled, req.units,
+                                     req.protected)
+            req.speculate_s = spec.speculate_s + time.perf_counter() - t0
+        if self.prepared is None:
+            return out
+        records_out, ready = self.prepared
+        for i, r in zip(ready, out):
+            records_out[i] = r
+        return records_out
+
+
 def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfig, stack: ModelStack,
           on_stage=lambda text: None, should_stop=lambda: False,
           chunk: int = SPECULATOR_CHUNK, with_unpooled: bool = False) -> list[PrunedRequest | RecordError]:
@@ -91,28 +154,28 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
     between speculator passes (StopAtSafePoint); chunk: tokens per speculator prefill call. The importance at
     pool 1 (keep auto's budget) is scored too where a request asks for keep auto, or `with_unpooled`.
     """
-    out: list[PrunedRequest | RecordError] = list(requests)
+    return start_prune(requests, select, score, stack, on_stage, should_stop, chunk, with_unpooled).finish()
+
+
+def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfig, stack: ModelStack,
+                on_stage=lambda text: None, should_stop=lambda: False, chunk: int = SPECULATOR_CHUNK,
+                with_unpooled: bool = False, overlap: bool = False) -> Scoring:
+    """`prune`'s speculator pass begun: submitted to vLLM's worker replicas where `overlap` (collected by
+    Scoring.finish, while vLLM steps meanwhile), else run now."""
     todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)]
     if not todo:
-        return out
-    prompts = [requests[i].speculator_token_ids for i in todo]  # the speculator's own tokens (cross-tokenizer)
+        return Scoring(list(requests), [], select, Done([]))
+    prompts = [requests[i].speculator_prompt for i in todo]  # its own tokens (cross-tokenizer), the restated instruction
     with_unpooled = with_unpooled or any(requests[i].keep == AUTO for i in todo)
-    if stack.speculate_remote is not None:
-        specs = stack.speculate_remote(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled)
+    remote = stack.speculate_remote
+    if remote is not None and overlap:
+        pass_ = remote.submit(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled)
+    elif remote is not None:
+        pass_ = Done(remote(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled))
     else:
-        specs = speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device, chunk,
-                                  on_stage, should_stop, with_unpooled=with_unpooled)
-    for i, spec in zip(todo, specs, strict=True):
-        req = requests[i]
-        if isinstance(spec, RecordError):
-            out[i] = spec
-            continue
-        t0 = time.perf_counter()
-        req.importance = carry(spec.importance, req.alignment)  # [n]: the base's tokens (as is: same tokenizer)
-        req.unpooled = None if spec.unpooled is None else carry(spec.unpooled, req.alignment)
-        req.kept = select_tokens(req.importance, select, req.keep, req.forced, req.unpooled, req.units, req.protected)
-        req.speculate_s = spec.speculate_s + time.perf_counter() - t0
-    return out
+        pass_ = Done(speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device, chunk,
+                                       on_stage, should_stop, with_unpooled=with_unpooled))
+    return Scoring(list(requests), todo, select, pass_)
 
 
 def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device,

@@ -62,6 +62,13 @@ class SpeculatorQueue:
             raise value  # type: ignore[misc]
         return value
 
+    def is_done(self, job_id: str) -> bool:
+        """Whether a submitted job has finished (its collect returns at once)."""
+        with self._cond:
+            if job_id not in self._known:
+                raise KeyError(f"no job {job_id!r} submitted (or it was collected already)")
+            return job_id in self._done
+
     def close(self) -> None:
         with self._cond:
             if self._closed:
@@ -102,3 +109,11 @@ class SpeculatorQueue:
         with self._cond:
             self._done[job_id] = (ok, value)
             self._cond.notify_all()
+
+
+def overlaps(setting: str, is_cpu: bool, has_workers: bool) -> bool:
+    """Whether the job loop submits windows and collects them later (--speculator-overlap): `on` where the
+    speculator is in vLLM's workers; `auto` there too, except on CPU, whose cores vLLM already uses."""
+    if not has_workers or setting == "off":
+        return False
+    return setting == "on" or not is_cpu

@@ -33,11 +33,17 @@ class PrunedRequest:
     alignment: Alignment | None = None  # speculator tokens -> base tokens, with speculator_ids
     units: torch.Tensor | None = None  # [n] int64 selection unit of each token (spcli.engine.units), when pruned
     protected: torch.Tensor | None = None  # [n] bool tokens never dropped (SelectConfig.protect), when there are any
+    restated: list[int] | None = None  # the instruction again, in the speculator's tokens, read after the prompt (scoring only)
 
     @property
     def speculator_token_ids(self) -> list[int]:
         """What the speculator reads: its own tokens, or the base's where they share the tokenizer."""
         return self.token_ids if self.speculator_ids is None else self.speculator_ids
+
+    @property
+    def speculator_prompt(self) -> list[int]:
+        """What the speculator prefills: its tokens, then the restated instruction (spcli.engine.restate)."""
+        return self.speculator_token_ids + (self.restated or [])
 
     @property
     def forced(self) -> torch.Tensor | None:

@@ -37,6 +37,7 @@ from spcli.config import RunConfig, ScoreConfig
 from spcli.device import pick_device
 from spcli.engine import load
 from spcli.engine.failures import raise_if_device_error
+from spcli.engine.replica_queue import overlaps
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.engine.vllm_args import cpu_env_defaults, engine_args, engine_dtype, read_model_config
 from spcli.engine.vllm_refusals import base_quantization, refuse_speculator, stored_quantization
@@ -93,6 +94,11 @@ class VllmEngine:
         self.stack = dataclasses.replace(
             stack, max_positions=runner.max_positions, speculate_remote=remote, max_prompt_len=max_prompt_len,
             prompt_len_flag="--max-prompt-len (it sizes the speculator's share of the GPU)" if max_prompt_len else "")
+        self.overlap = overlaps(cfg.vllm.speculator_overlap, platform.is_cpu(), remote is not None)
+        if remote is not None:
+            self.log(f"speculator overlap {'on' if self.overlap else 'off'} (--speculator-overlap "
+                     f"{cfg.vllm.speculator_overlap}): the workers score the next window "
+                     + ("while vLLM runs this one" if self.overlap else "between vLLM's steps"))
 
     def _start_runner(self, current_platform, stack: load.ModelStack):
         """(the runner, the longest prompt the speculator's reserve is sized for, or None without a reserve)."""
@@ -194,7 +200,8 @@ class VllmEngine:
 class WorkerSpeculator:
     """The driver's side of `--speculator-placement workers`: a batch's prompts shared among vLLM's
     workers by tokens (replica.balance), each rank scoring its share with its own replica in one
-    `collective_rpc`; importance comes back here, where selection runs."""
+    `collective_rpc`; importance comes back here, where selection runs. `submit` queues the same work on
+    each worker's speculator thread instead (replica_queue.py) and returns at once (--speculator-overlap)."""
 
     def __init__(self, llm, source, eos_ids: set[int]):
         self.llm = llm
@@ -202,29 +209,69 @@ class WorkerSpeculator:
         self.eos_ids = sorted(eos_ids)
         self.num_ranks = llm.llm_engine.vllm_config.parallel_config.world_size
         self.ranks_used: list[int] = []  # the ranks that answered the last call
+        self.num_submitted = 0  # windows queued on the workers' threads (submit)
 
     def __call__(self, prompts: list[list[int]], score, chunk: int, on_stage=lambda text: None,
                  should_stop=lambda: False, with_unpooled: bool = False):
-        from spcli.engine.replica import balance, gather
+        from spcli.engine.replica import gather
+
+        shares = self._shares(prompts, on_stage, should_stop)
+        t0 = time.perf_counter()
+        replies = self._rpc("spcli_speculate", self._args(prompts, shares, score, chunk, with_unpooled))
+        return gather(shares, self._answered(replies, shares), len(prompts), time.perf_counter() - t0)
+
+    def submit(self, prompts: list[list[int]], score, chunk: int, on_stage=lambda text: None,
+               should_stop=lambda: False, with_unpooled: bool = False) -> WorkerScoring:
+        """The same scoring queued on every worker's speculator thread; returns at once."""
+        shares = self._shares(prompts, on_stage, should_stop)
+        job_id = f"spcli-window-{self.num_submitted}"
+        self.num_submitted += 1
+        self._rpc("spcli_submit", (job_id, *self._args(prompts, shares, score, chunk, with_unpooled)))
+        return WorkerScoring(self, job_id, shares, len(prompts))
+
+    def _shares(self, prompts, on_stage, should_stop) -> list[list[int]]:
+        from spcli.engine.replica import balance
 
         if should_stop():
             raise StopAtSafePoint
         on_stage(f"speculating {len(prompts)} prompts on {self.num_ranks} vLLM worker"
                  f"{'' if self.num_ranks == 1 else 's'}")
-        shares = balance(list(map(len, prompts)), self.num_ranks)
-        t0 = time.perf_counter()
+        return balance(list(map(len, prompts)), self.num_ranks)
+
+    def _args(self, prompts, shares, score, chunk, with_unpooled) -> tuple:
+        return (self.source, [[prompts[i] for i in share] for share in shares], dataclasses.asdict(score),
+                self.eos_ids, chunk, with_unpooled)
+
+    def _answered(self, replies: list[dict], shares: list[list[int]]) -> list[dict]:
+        replies = sorted(replies, key=lambda r: r["rank"])
+        self.ranks_used = [r["rank"] for r, share in zip(replies, shares) if share]
+        return replies
+
+    def _rpc(self, method: str, args: tuple) -> list:
         try:
             with _raise_if_engine_dies(self.llm):
-                replies = self.llm.collective_rpc("spcli_speculate", args=(
-                    self.source, [[prompts[i] for i in share] for share in shares], dataclasses.asdict(score),
-                    self.eos_ids, chunk, with_unpooled))
+                return self.llm.collective_rpc(method, args=args)
         except Exception as e:  # a worker's exception (or a stop signal's cancel) comes back as a plain Exception
             _raise_engine_died(e)
             raise EngineDied(f"vLLM's workers failed while speculating ({e}); committed rows are safe: run the same "
                              "command again to resume") from e
-        replies = sorted(replies, key=lambda r: r["rank"])
-        self.ranks_used = [r["rank"] for r, share in zip(replies, shares) if share]
-        return gather(shares, replies, len(prompts), time.perf_counter() - t0)
+
+
+class WorkerScoring:
+    """A window's scoring queued on the workers: ready() asks them (without waiting), result() collects."""
+
+    def __init__(self, speculator: WorkerSpeculator, job_id: str, shares: list[list[int]], num_prompts: int):
+        self.speculator, self.job_id, self.shares, self.num_prompts = speculator, job_id, shares, num_prompts
+
+    def ready(self) -> bool:
+        return all(self.speculator._rpc("spcli_ready", (self.job_id,)))
+
+    def result(self) -> list:
+        from spcli.engine.replica import gather
+
+        replies = self.speculator._answered(self.speculator._rpc("spcli_collect", (self.job_id,)), self.shares)
+        slowest = max((r["wall_s"] for r in replies), default=0.0)  # the workers' own time, not the wait
+        return gather(self.shares, replies, self.num_prompts, slowest)
 
 
 def _import_vllm():

@@ -182,6 +182,10 @@ class SpcliWorker(_BaseWorker):
             jobs = self.__dict__["_spcli_jobs"] = SpeculatorQueue(self.device)
         jobs.submit(job_id, replica.speculate, source, shares[self.rank], score, eos_ids, chunk, with_unpooled)
 
+    def spcli_ready(self, job_id: str) -> bool:
+        """Whether the submitted job is done (its collect would not wait)."""
+        return self.__dict__["_spcli_jobs"].is_done(job_id)
+
     def spcli_collect(self, job_id: str) -> dict:
         """The submitted job's {"rank", "wall_s", "results"}; blocks until it is done."""
         return {"rank": self.rank, **self.__dict__["_spcli_jobs"].collect(job_id)}

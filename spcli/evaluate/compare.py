@@ -21,11 +21,13 @@ import torch
 from spcli.engine import hf_pass, load
 from spcli.engine.load import ModelStack
 from spcli.engine.request import Generation, PrunedRequest
+from spcli.engine.restate import restated_ids
 from spcli.engine.select import is_over_budget
 from spcli.engine.tokenize import Layout, cross_tokenize, tokenize, tokenize_units
 from spcli.evaluate import metrics
 from spcli.evaluate.config import SELECT_VARIANT_FIELDS, EvalConfig, is_auto, policy_order, policy_select, variant_label
-from spcli.evaluate.selectors import USES_SPECULATOR, Signals, carried, random_seed, select, speculator_signals
+from spcli.evaluate.selectors import (USES_SPECULATOR, Signals, carried, prompt_signals, random_seed, select,
+                                     speculator_signals)
 from spcli.evaluate.tasks import Example
 from spcli.io.records import Record
 from spcli.profiles import resolve
@@ -123,17 +125,21 @@ def example_signals(m: ModelStack, example: Example, ids: list[int], cfg: EvalCo
     speculator of another tokenizer reads the example in its own tokens; its signals are carried to `ids`."""
     if not (any(s in USES_SPECULATOR for s in cfg.selectors) and cfg.pruned_keeps and len(ids) >= cfg.select.min_tokens):
         return None
-    spec_ids, alignment = ids, None
+    spec_ids, alignment, tokenizer, max_positions = ids, None, m.tokenizer, m.max_positions
     if (spec := m.speculator_tokens) is not None:
         record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
         base_ids, spec_ids, alignment, _ = cross_tokenize(record, m.tokenizer, spec.tokenizer, len(ids), "error",
                                                        speculator_max_positions=spec.max_positions)
         assert base_ids == ids, "prompt_ids and cross_tokenize read the example alike"
-    signals = speculator_signals(m.speculator, spec_ids, cfg.score, m.speculator_eos_ids, m.device,
+        tokenizer, max_positions = spec.tokenizer, spec.max_positions
+    restated = None  # the instruction read again after the prompt, as spcli run's request_for does
+    if cfg.score.restate and example.protected:
+        restated = restated_ids(example.protected, tokenizer, max_positions - len(spec_ids))
+    signals = speculator_signals(m.speculator, spec_ids + (restated or []), cfg.score, m.speculator_eos_ids, m.device,
                                  with_surprisal="self-information" in cfg.selectors,
                                  with_paper="specprefill-paper" in cfg.selectors, chunk=cfg.speculator_chunk,
                                  with_unpooled=any(is_auto(k) for k in cfg.keeps))
-    return carried(signals, alignment)
+    return carried(prompt_signals(signals, len(spec_ids)), alignment)
 
 
 def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: Signals | None = None,
@@ -162,7 +168,9 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
         own_cost["specprefill"] = signals.speculate_s
         own_cost["self-information"] = signals.speculate_s + signals.surprisal_s
         own_cost["specprefill-paper"] = signals.paper_s
-    other_signals = {o.label: (signals if o.stack is m and o.cfg.score == cfg.score  # a selection-only variant
+    same_score = lambda score: score == cfg.score or (not example.protected and  # nothing to restate: alike
+                                                      dataclasses.replace(score, restate=cfg.score.restate) == cfg.score)
+    other_signals = {o.label: (signals if o.stack is m and same_score(o.cfg.score)  # a selection-only variant
                                else example_signals(o.stack, example, ids, o.cfg)) for o in others}
     own_cost.update({label: s.speculate_s for label, s in other_signals.items() if s is not None})
     # (row name, selector, its signals, its selection config): the selectors, then each other speculator

@@ -37,8 +37,17 @@ def parse_policy(text: str, default_scale: float = SelectConfig.keep_scale) -> f
         raise ConfigError(f"--keep takes rates in (0, 1] and auto:P policies, comma-separated, got {text!r}") from None
 
 
+def _switch(text: str) -> bool:
+    """'1'/'on'/'true' or '0'/'off'/'false'."""
+    if text.lower() in ("1", "on", "true"):
+        return True
+    if text.lower() in ("0", "off", "false"):
+        return False
+    raise ValueError(text)
+
+
 VARIANT_FIELDS = {"lookahead": int, "window": int, "score_layers": str, "pool": int, "rows": str, "chunk": int,
-                  "unit": str, "max_unit": int, "unit_score": str, "min_free": int, "protect": str}
+                  "unit": str, "max_unit": int, "unit_score": str, "min_free": int, "protect": str, "restate": _switch}
 SELECT_VARIANT_FIELDS = ("chunk", "unit", "max_unit", "unit_score", "min_free", "protect")  # SelectConfig's; the rest ScoreConfig's
 
 
@@ -55,7 +64,8 @@ def parse_variant(text: str) -> tuple[tuple[str, object], ...]:
         try:
             items.append((key, VARIANT_FIELDS[key](value.strip())))
         except ValueError:
-            raise ConfigError(f"--variant {key} takes an integer, got {value!r}") from None
+            kind = "0 or 1" if key == "restate" else "an integer"
+            raise ConfigError(f"--variant {key} takes {kind}, got {value!r}") from None
     _check(bool(items), f"--variant needs at least one KEY=VALUE, got {text!r}")
     return tuple(items)
 

@@ -61,6 +61,15 @@ def carried(signals: Signals, alignment: Alignment | None) -> Signals:
                                forced=alignment.forced, unpooled=unpooled)
 
 
+def prompt_signals(signals: Signals, n: int) -> Signals:
+    """Signals over a prompt and its restated instruction (spcli.engine.restate) cut to the prompt's n tokens."""
+    if signals.importance.numel() == n:
+        return signals
+    cut = lambda t: None if t is None else t[:n]
+    return dataclasses.replace(signals, importance=signals.importance[:n], surprisal=signals.surprisal[:n],
+                               paper_importance=cut(signals.paper_importance), unpooled=cut(signals.unpooled))
+
+
 def check_selectors(names: tuple[str, ...]) -> None:
     for name in names:
         if name not in SELECTORS:
