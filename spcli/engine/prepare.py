@@ -81,7 +81,7 @@ def start_prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_s
     ready = [i for i, r in enumerate(out) if isinstance(r, PrunedRequest)]
     scoring = start_prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop,
                           cfg.speculator_chunk, with_unpooled, overlap)
-    return Scoring(scoring.requests, scoring.todo, scoring.select, scoring.pass_, (out, ready))
+    return Scoring(scoring.requests, scoring.todo, scoring.select, scoring.speculation, (out, ready))
 
 
 SPECULATOR_BATCH_TOKENS = 32768  # padded tokens per speculator forward
@@ -94,7 +94,7 @@ def speculator_groups(lengths: list[int], max_tokens: int = SPECULATOR_BATCH_TOK
     return length_groups(lengths, longest_first=True, max_padding=MAX_PADDING, max_tokens=max_tokens)
 
 
-class Done:
+class MadePass:
     """A speculator pass already made (the handle of one that ran at once)."""
 
     def __init__(self, specs: list):
@@ -109,21 +109,22 @@ class Done:
 
 @dataclass
 class Scoring:
-    """Requests whose speculator pass is under way (`pass_`: ready() and result(), the Speculations of `todo`);
-    `finish()` selects their tokens. `prepared`: (the records' requests or errors, the indices of `requests`)."""
+    """Requests whose speculator pass is under way (`speculation`: a MadePass or vllm_engine.WorkerScoring, whose
+    ready() and result() give the Speculations of `todo`); `finish()` selects their tokens. `prepared`: (the
+    records' requests or errors, the indices of `requests` in it), for start_prepare."""
 
     requests: list[PrunedRequest]
     todo: list[int]  # indices into requests of the pruned ones, in the pass's order
     select: SelectConfig
-    pass_: Done
+    speculation: MadePass  # or vllm_engine.WorkerScoring: the same two methods
     prepared: tuple[list, list[int]] | None = None
 
     def ready(self) -> bool:
-        return self.pass_.ready()
+        return self.speculation.ready()
 
     def finish(self) -> list:
         out: list[PrunedRequest | RecordError] = list(self.requests)
-        specs = self.pass_.result() if self.todo else []
+        specs = self.speculation.result() if self.todo else []
         for i, spec in zip(self.todo, specs, strict=True):
             req = self.requests[i]
             if isinstance(spec, RecordError):
@@ -164,18 +165,18 @@ def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: Scor
     Scoring.finish, while vLLM steps meanwhile), else run now."""
     todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)]
     if not todo:
-        return Scoring(list(requests), [], select, Done([]))
+        return Scoring(list(requests), [], select, MadePass([]))
     prompts = [requests[i].speculator_prompt for i in todo]  # its own tokens (cross-tokenizer), the restated instruction
     with_unpooled = with_unpooled or any(requests[i].keep == AUTO for i in todo)
     remote = stack.speculate_remote
     if remote is not None and overlap:
-        pass_ = remote.submit(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled)
+        speculation = remote.submit(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled)
     elif remote is not None:
-        pass_ = Done(remote(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled))
+        speculation = MadePass(remote(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled))
     else:
-        pass_ = Done(speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device, chunk,
+        speculation = MadePass(speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device, chunk,
                                        on_stage, should_stop, with_unpooled=with_unpooled))
-    return Scoring(list(requests), todo, select, pass_)
+    return Scoring(list(requests), todo, select, speculation)
 
 
 def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device,
