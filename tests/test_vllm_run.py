@@ -532,3 +532,23 @@ def test_worker_submit_and_collect_give_what_speculate_gives(shared_engine, tiny
     early = llm.collective_rpc("spcli_collect", args=("w0",))
     for got, want in ((early, direct[0]), (late, direct[1])):
         assert [r["importance"] for r in got[0]["results"]] == [r["importance"] for r in want[0]["results"]]
+
+
+@needs_vllm
+def test_a_vllm_run_resolves_once_and_makes_its_stack_once(shared_engine, monkeypatch, chat_jsonl, tiny_dir, tmp_path):
+    """The vLLM engine reads the resolved run (spcli/resolved.py): the model and the speculator located once each,
+    the device and dtype picked once; its ModelStack is made once, complete (before, a stack was made and then
+    copied twice with the runner's fields: speculator_layers, speculate_remote, max_prompt_len, ...)."""
+    from call_counts import count_resolvers
+    from spcli.engine import load
+
+    made = []
+    make = load.ModelStack.__init__
+    monkeypatch.setattr(load.ModelStack, "__init__", lambda self, *a, **k: made.append(k) or make(self, *a, **k))
+    counts = count_resolvers(monkeypatch)
+    code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "out"), "--engine", "vllm",
+                                  "--speculator", str(tiny_dir), *COMMON, *PRUNED)
+    assert code == 0, (output, exc)
+    assert "done: 6 rows (0 failed)" in output
+    assert (counts["locate"], counts["default_speculator"], counts["pick_device"], counts["resolve_dtype"]) == (2, 0, 1, 1)
+    assert len(made) == 1 and made[0]["speculate_remote"] is not None
