@@ -105,7 +105,7 @@ class VllmEngine:
         """(the runner, the longest prompt the speculator's reserve is sized for, or None without a reserve)."""
         from spcli.engine.vllm_pass import VllmRunner, VllmRunnerConfig
 
-        args = engine_args(self.cfg, base.path, current_platform.is_cpu())
+        args = engine_args(self.cfg, base.path, current_platform.is_cpu(), self.dtype)
         max_prompt_len = self.cfg.vllm.max_prompt_len  # None: the base's positions (tokenize's own bound)
         if current_platform.is_cpu():
             for key, value in cpu_env_defaults(args["tensor_parallel_size"]).items():
