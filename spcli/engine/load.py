@@ -1,4 +1,5 @@
-"""Loading models: the base, its speculator and tokenizer (`load_stack`, the one loader), and `self:K` views."""
+"""Loading models: the base, its speculator and tokenizer (the ModelStack: `open_stack` for a resolved run,
+`load_stack` by name), and `self:K` views."""
 
 from __future__ import annotations
 
