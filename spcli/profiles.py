@@ -138,10 +138,21 @@ def resolve(cfg, model: str, model_path: Path | None, speculator: str):
                                select=_fill(cfg.select, SELECT_FIELDS, defaults))
 
 
+def resolve_with_source(cfg, model: str, model_path: Path | None, speculator: str):
+    """(resolve(cfg, ...), settings_source of the result), from one read of the defaults (spcli.resolved)."""
+    defaults, source = score_defaults(model, model_path, speculator)
+    cfg = dataclasses.replace(cfg, score=_fill(cfg.score, SCORE_FIELDS, defaults),
+                              select=_fill(cfg.select, SELECT_FIELDS, defaults))
+    return cfg, _source(cfg.score, cfg.select, defaults, source, model, speculator)
+
+
 def settings_source(score: ScoreConfig, select: SelectConfig, model: str, model_path: Path | None, speculator: str) -> str:
     """Where resolved scoring settings came from, for the banner: flags, a profile, a preset or a fallback (which
     suggests `spcli calibrate`). A field that differs from the defaults was set by a flag."""
-    defaults, source = score_defaults(model, model_path, speculator)
+    return _source(score, select, *score_defaults(model, model_path, speculator), model, speculator)
+
+
+def _source(score: ScoreConfig, select: SelectConfig, defaults: dict, source: str, model: str, speculator: str) -> str:
     given = {**{k: getattr(score, k) for k in SCORE_FIELDS}, "chunk": select.chunk}
     flagged = [k for k in FIELDS if given[k] != defaults[k]]
     if len(flagged) == len(FIELDS):

@@ -7,18 +7,16 @@ row of each shard; a signal commits what is finished and exits 75 (resumable).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
-from spcli import models, retry
+from spcli import retry
 from spcli.banner import banner_lines, resume_line
 from spcli.batch import num_over_budget, over_budget_warning, run_batch
 from spcli.config import RunConfig
-from spcli.dtype import resolve_dtype
 from spcli.errors import EngineDied, Interrupted, OutputError
 from spcli.io import commit
 from spcli.io.ids import mark_duplicates, rebuild_ids
@@ -28,8 +26,8 @@ from spcli.io.manifest import (
 )
 from spcli.io.read import check_shard, count_rows, first_record, read_records
 from spcli.io.records import Record, Shard, discover
-from spcli.profiles import resolve
 from spcli.progress import Progress
+from spcli.resolved import ResolvedRun, resolve_run
 from spcli.stop import StopAtSafePoint, StopRequest
 
 log = logging.getLogger("spcli")
@@ -84,30 +82,27 @@ def prepare_out(out: Path) -> Path:
     return out
 
 
-def fingerprint_fields(cfg: RunConfig, shards: list[Shard], model_path: str) -> dict:
-    fields = cfg.fingerprint_fields()
-    fields["model_path"] = model_path
-    fields["speculator"] = cfg.speculator or models.default_speculator(cfg.model)
-    from spcli.device import pick_device
-    from spcli.engine.load import CROSS_TOKENIZER, scoring_path
+def fingerprint_fields(resolved: ResolvedRun, shards: list[Shard]) -> dict:
+    from spcli.engine.load import CROSS_TOKENIZER
 
-    scoring = scoring_path(Path(model_path), fields["speculator"]) if cfg.select.prunes else None
-    if scoring == CROSS_TOKENIZER:  # absent for the same ids, as before: old directories still resume
-        fields["scoring"] = scoring
-
-    fields["dtype"] = resolve_dtype(cfg.dtype, cfg.model, pick_device(cfg.device))[0]  # what the models load in
-    fields["speculator"] = cfg.speculator or models.default_speculator(cfg.model)
-    fields["device_type"] = pick_device(cfg.device).type  # cpu and cuda kernels round bf16 differently
+    fields = resolved.cfg.fingerprint_fields()
+    fields["model_path"] = str(resolved.model_path)
+    fields["speculator"] = resolved.speculator
+    if resolved.scoring == CROSS_TOKENIZER:  # absent for the same ids, as before: old directories still resume
+        fields["scoring"] = resolved.scoring
+    fields["dtype"] = resolved.dtype  # what the models load in
+    fields["device_type"] = resolved.device.type  # cpu and cuda kernels round bf16 differently
     fields["inputs"] = [{k: v for k, v in s.items() if k != "index"} for s in input_identity(shards)]
     return fields
 
 
-def open_manifest(cfg: RunConfig, out: Path, shards: list[Shard], task: dict | None, model_path: str) -> Manifest:
+def open_manifest(resolved: ResolvedRun, out: Path, shards: list[Shard], task: dict | None) -> Manifest:
     """The manifest to continue: a new one, or the directory's (checked against this configuration).
 
     A manifest that committed no part holds no outputs, so it never refuses another configuration.
     """
-    fields = fingerprint_fields(cfg, shards, model_path)
+    cfg = resolved.cfg
+    fields = fingerprint_fields(resolved, shards)
     path = out / manifest_name(task["index"] if task else None)
     old = None if cfg.fresh or not path.exists() else Manifest.load(path)
     if old is None or not old.committed_parts():
@@ -159,15 +154,8 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     check_out(out)
     all_shards = discover(cfg.inputs, exclude=out)
     shards, task = my_shards(all_shards)
-    model_path = str(models.locate(cfg.model))
-    speculator = cfg.speculator or models.default_speculator(cfg.model)
-    cfg = resolve(cfg, cfg.model, Path(model_path), speculator)
-    from spcli.engine.load import pick_device
-
-    dtype, dtype_why = resolve_dtype(cfg.dtype, cfg.model, pick_device(cfg.device))
-    cfg = dataclasses.replace(cfg, dtype=dtype)  # every engine loads what the fingerprint records
-    if cfg.select.prunes and speculator != "self" and not speculator.startswith("self:"):
-        models.locate(speculator)
+    resolved = resolve_run(cfg)  # once, before anything loads: what the banner, fingerprint and engines read
+    cfg = resolved.cfg
     warnings = {s.index: check_shard(s, cfg.fields) for s in shards}
     pass_through = _pass_through(cfg, shards)
     existed = out.exists()
@@ -177,8 +165,8 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
         with StopRequest(log=log.warning) as stop:
             lock.acquire()
             try:
-                return _run_locked(cfg, out, all_shards, shards, task, stop, progress or Progress(total=None),
-                                   model_path, warnings, dtype_why, pass_through)
+                return _run_locked(resolved, out, all_shards, shards, task, stop, progress or Progress(total=None),
+                                   warnings, pass_through)
             except KeyboardInterrupt:
                 raise Interrupted("stopped at once by a second SIGINT (the batch in flight was dropped); "
                                   "run the same command again to resume") from None
@@ -209,10 +197,10 @@ def _remove_if_empty(out: Path) -> None:
         pass
 
 
-def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list[Shard], task: dict | None,
-                stop: StopRequest, progress: Progress, model_path: str, warnings: dict[int, str | None],
-                dtype_why: str = "", pass_through=None) -> RunSummary:
-    manifest = open_manifest(cfg, out, shards, task, model_path)
+def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shards: list[Shard], task: dict | None,
+                stop: StopRequest, progress: Progress, warnings: dict[int, str | None], pass_through=None) -> RunSummary:
+    cfg = resolved.cfg
+    manifest = open_manifest(resolved, out, shards, task)
     committed = set().union(*_all_committed(out, manifest, strict=task is None))
     missing = sorted(p for p in manifest.committed_parts() if not (out / p).is_file())
     if missing:
@@ -232,10 +220,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
         prog = manifest.shards[s.index]
         prog.total_rows = prog.total_rows if prog.total_rows is not None else count_rows(s)
     rows_total = manifest.totals()["rows_total"]
-    from spcli.engine.load import SAME_TOKENIZER
-
-    scoring = manifest.fingerprint_fields.get("scoring", SAME_TOKENIZER if cfg.select.prunes else None)
-    for line in banner_lines(cfg, shards, rows_total, model_path, out, scoring, dtype_why):
+    for line in banner_lines(resolved, shards, rows_total, out):
         log.info("%s", line)
     if before["rows"] and todo:
         first = todo[0]
@@ -245,7 +230,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
     engine = None
     old_parts: set[str] = set()  # --fresh: the parts the directory's manifest had committed
     if cfg.fresh and manifest.path.exists():
-        engine = build_engine(cfg)  # before anything is deleted: a model that cannot load leaves the old outputs
+        engine = build_engine(resolved)  # before anything is deleted: a model that cannot load leaves the old outputs
         old_parts = _committed_before(manifest.path)
         committer.save()  # first, so that --fresh un-commits the old parts before they are deleted
     # a Slurm task cleans up after its own shards only; a plain run owns every part in the directory
@@ -269,7 +254,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
 
         def get_engine():
             nonlocal engine
-            engine = engine or build_engine(cfg)
+            engine = engine or build_engine(resolved)
             return engine
 
         retried = retry.retry_failed(cfg, out, manifest, committer, shards, failed, ids, paths, get_engine, stop,
@@ -278,7 +263,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
     if todo and cfg.engine == "vllm":  # the streaming job loop (spcli/job_loop.py): vLLM kept full across shards
         from spcli.job_loop import stream_shards
 
-        engine = engine or build_engine(cfg)
+        engine = engine or build_engine(resolved)
         _check_stop(stop, committer, manifest)
         over_budget = stream_shards(engine, cfg, todo, manifest, committer, ids, paths, stop, progress, warned,
                                     lambda: _check_stop(stop, committer, manifest))
@@ -290,7 +275,7 @@ def _run_locked(cfg: RunConfig, out: Path, all_shards: list[Shard], shards: list
                 _check_stop(stop, committer, manifest)
                 mark_duplicates(batch, ids, paths)
                 if engine is None:
-                    engine = build_engine(cfg)
+                    engine = build_engine(resolved)
                     _check_stop(stop, committer, manifest)
                 try:
                     rows = run_batch(engine, batch, cfg, paths, on_stage=progress.stage, should_stop=stop.is_urgent)
@@ -365,11 +350,11 @@ def _all_committed(out: Path, mine: Manifest, strict: bool) -> list[set[str]]:
     return sets
 
 
-def build_engine(cfg: RunConfig):
-    if cfg.engine == "hf":
+def build_engine(resolved: ResolvedRun):
+    if resolved.cfg.engine == "hf":
         from spcli.engine.hf import HFEngine
 
-        return HFEngine(cfg, log=log.info)
+        return HFEngine(resolved, log=log.info)
     from spcli.engine.vllm_engine import VllmEngine
 
-    return VllmEngine(cfg, log=log.info)
+    return VllmEngine(resolved, log=log.info)

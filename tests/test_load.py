@@ -52,7 +52,9 @@ def test_an_engine_bound_on_prompt_length_is_an_error_row_naming_its_flag(tiny_d
     cfg = RunConfig(inputs=("x",), out="x", select=SelectConfig(chunk=8))  # resolved, as run passes it
     rec = Record(0, 0, "r", prompt="word " * 300)
     assert request_for(rec, cfg, stack).num_prompt_tokens > 200
-    stack.max_prompt_len, stack.prompt_len_flag = 200, "--max-model-len (it sizes the speculator's share of the GPU)"
+    stack = load.open_stack(load.read_base(tiny_dir), str(tiny_dir), "self:2", "float32", torch.device("cpu"),
+                            with_base=False, max_prompt_len=200,
+                            prompt_len_flag="--max-model-len (it sizes the speculator's share of the GPU)")
     with pytest.raises(RecordError) as e:
         request_for(rec, cfg, stack)
     assert str(e.value).endswith(

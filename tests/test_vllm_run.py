@@ -555,3 +555,23 @@ def test_overlapped_scoring_keeps_and_answers_what_turns_do(pruned_run, shared_e
     for rid, row in rows.items():
         assert (row["kept_indices"], row["output"]) == (pruned_run[rid]["kept_indices"], pruned_run[rid]["output"]), rid
         assert row["speculate_s"] > 0
+
+
+@needs_vllm
+def test_a_vllm_run_resolves_once_and_makes_its_stack_once(shared_engine, monkeypatch, chat_jsonl, tiny_dir, tmp_path):
+    """The vLLM engine reads the resolved run (spcli/resolved.py): the model and the speculator located once each,
+    the device and dtype picked once; its ModelStack is made once, complete (before, a stack was made and then
+    copied twice with the runner's fields: speculator_layers, speculate_remote, max_prompt_len, ...)."""
+    from call_counts import count_resolvers
+    from spcli.engine import load
+
+    made = []
+    make = load.ModelStack.__init__
+    monkeypatch.setattr(load.ModelStack, "__init__", lambda self, *a, **k: made.append(k) or make(self, *a, **k))
+    counts = count_resolvers(monkeypatch)
+    code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "out"), "--engine", "vllm",
+                                  "--speculator", str(tiny_dir), *COMMON, *PRUNED)
+    assert code == 0, (output, exc)
+    assert "done: 6 rows (0 failed)" in output
+    assert (counts["locate"], counts["default_speculator"], counts["pick_device"], counts["resolve_dtype"]) == (2, 0, 1, 1)
+    assert len(made) == 1 and made[0]["speculate_remote"] is not None

@@ -13,14 +13,17 @@ from spcli.engine import hf_pass, load
 from spcli.engine.failures import is_out_of_memory, raise_if_device_error
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.errors import RecordError
+from spcli.resolved import ResolvedRun, resolve_run
 
 
 class HFEngine:
-    def __init__(self, cfg: RunConfig, log=lambda msg: None):
-        self.cfg = cfg
+    def __init__(self, run: ResolvedRun | RunConfig, log=lambda msg: None):
+        """`run`: the resolved run (spcli.resolved); a RunConfig is resolved here (tests, benches)."""
+        run = run if isinstance(run, ResolvedRun) else resolve_run(run)
+        self.cfg = run.cfg
         self.log = log
-        self.stack = load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device,
-                                     needs_speculator=cfg.select.prunes)
+        self.stack = load.open_stack(load.read_base(run.model_path), run.cfg.model, run.speculator, run.dtype,
+                                     run.device, needs_speculator=run.prunes, speculator_path=run.speculator_path)
 
     def check(self, req: PrunedRequest) -> None:
         """Engine-specific refusals of a prepared request (raise RecordError): none here; prompts longer

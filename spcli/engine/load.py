@@ -1,4 +1,5 @@
-"""Loading models: the base, its speculator and tokenizer (`load_stack`, the one loader), and `self:K` views."""
+"""Loading models: the base, its speculator and tokenizer (the ModelStack: `open_stack` for a resolved run,
+`load_stack` by name), and `self:K` views."""
 
 from __future__ import annotations
 
@@ -140,12 +141,12 @@ class SpeculatorTokens:
     max_positions: int  # its max_position_embeddings
 
 
-def speculator_tokens(base_tokenizer, speculator: str) -> SpeculatorTokens | None:
+def speculator_tokens(base_tokenizer, speculator: str, path: Path | None = None) -> SpeculatorTokens | None:
     """The speculator's own tokens where its vocabulary differs from the base's; None where it reads the
-    base's ids (self, self:K, or the same vocabulary)."""
+    base's ids (self, self:K, or the same vocabulary). `path`: its folder where already located."""
     if parse_self(speculator) is not None:
         return None
-    path = models.locate(speculator)
+    path = path or models.locate(speculator)
     tokenizer = load_tokenizer(path)
     if same_vocabulary(base_tokenizer, tokenizer):
         return None
@@ -159,9 +160,10 @@ def speculator_tokens(base_tokenizer, speculator: str) -> SpeculatorTokens | Non
                             int(getattr(read_config(path), "max_position_embeddings", None) or 1 << 30))
 
 
-def scoring_path(base_path: Path, speculator: str) -> str:
+def scoring_path(base_path: Path, speculator: str, speculator_path: Path | None = None) -> str:
     """Which path scores the base's tokens: SAME_TOKENIZER or CROSS_TOKENIZER (reads tokenizers only)."""
-    return SAME_TOKENIZER if speculator_tokens(load_tokenizer(base_path), speculator) is None else CROSS_TOKENIZER
+    tokens = speculator_tokens(load_tokenizer(base_path), speculator, speculator_path)
+    return SAME_TOKENIZER if tokens is None else CROSS_TOKENIZER
 
 
 def parse_self(speculator: str) -> int | None:
@@ -176,12 +178,15 @@ def parse_self(speculator: str) -> int | None:
         raise ConfigError(f"--speculator self:K needs an integer K, got {speculator!r}") from None
 
 
-def check_speculator_attention(base_path: Path, base_name: str, speculator: str, max_prompt_tokens: int) -> None:
-    """check_full_attention on the speculator's config: the base's own for self/self:K."""
+def check_speculator_attention(base_path: Path, base_name: str, speculator: str, max_prompt_tokens: int,
+                               speculator_path: Path | None = None) -> None:
+    """check_full_attention on the speculator's config: the base's own for self/self:K. `speculator_path`: a
+    separate speculator's folder where already located."""
     if parse_self(speculator) is not None:
         check_full_attention(read_config(base_path), max_prompt_tokens, base_name, "the base (as --speculator self:K)")
     else:
-        check_full_attention(read_config(models.locate(speculator)), max_prompt_tokens, speculator, "speculator")
+        path = speculator_path or models.locate(speculator)
+        check_full_attention(read_config(path), max_prompt_tokens, speculator, "speculator")
 
 
 def check_full_attention(config, max_prompt_tokens: int, name: str, role: str) -> None:
@@ -203,12 +208,13 @@ def check_full_attention(config, max_prompt_tokens: int, name: str, role: str) -
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelStack:
     """Everything a run needs from the models: the one loader used by both engines, eval and bench.
 
-    `base` is None where the base runs elsewhere (vLLM holds its own weights). The speculator is
-    loaded on first use, so a run at keep 1.0 never loads it.
+    Made complete, once (open_stack): no field changes afterwards. `base` is None where the base runs elsewhere
+    (vLLM holds its own weights). The speculator and its tokenizer are read on first use, so a run at keep 1.0
+    never loads them; those two caches are the only state set after construction.
     """
 
     path: Path  # the base model's folder
@@ -222,6 +228,7 @@ class ModelStack:
     speculator_name: str  # resolved: a model name/folder, "self" or "self:K"
     base: nn.Module | None = None  # a *ForCausalLM in eval mode, attention "spcli"
     speculator_layers: int | None = None  # without base weights: the first layers a self speculator reads
+    located: tuple[str, Path] | None = None  # (a separate speculator's name, its folder) as located before the stack
     _speculator: nn.Module | None = None
     _speculator_tokens: SpeculatorTokens | None = None
     _is_tokens_checked: bool = False
@@ -249,16 +256,24 @@ class ModelStack:
     @property
     def speculator(self) -> nn.Module:
         if self._speculator is None:
-            self._speculator = self._load_speculator()
+            object.__setattr__(self, "_speculator", self._load_speculator())  # a cache, filled on first use
         return self._speculator
 
     @property
     def speculator_tokens(self) -> SpeculatorTokens | None:
         """The speculator's own tokenizer where it differs from the base's (read once); None: the same ids."""
         if not self._is_tokens_checked:
-            self._speculator_tokens = speculator_tokens(self.tokenizer, self.speculator_name)
-            self._is_tokens_checked = True
+            tokens = speculator_tokens(self.tokenizer, self.speculator_name, self.speculator_path)
+            object.__setattr__(self, "_speculator_tokens", tokens)  # a cache, filled on first use
+            object.__setattr__(self, "_is_tokens_checked", True)
         return self._speculator_tokens
+
+    @property
+    def speculator_path(self) -> Path | None:
+        """The separate speculator's folder where it was located before the stack (None: located on use); a stack
+        copied with another speculator_name (eval's) locates its own."""
+        located = self.located
+        return located[1] if located is not None and located[0] == self.speculator_name else None
 
     @property
     def scoring(self) -> str:
@@ -275,44 +290,75 @@ class ModelStack:
         if k is not None and self.base is not None:
             check_speculator_attention(self.path, self.name, self.speculator_name, self.max_positions)
             return first_layers(self.base, k)
-        return self.speculator_source().load(self.device)
+        return speculator_source(self.path, self.name, self.speculator_name, self.dtype, self.max_positions,
+                                 self.speculator_layers, self.speculator_path).load(self.device)
 
-    def speculator_source(self):
-        """What a speculator loads where the base's weights are not here (vLLM holds them): a model folder
-        (of any tokenizer: prepare aligns), or only the base's first `speculator_layers` layers
-        (`self`/`self:K`). Checked here, so a worker replica loads what the driver would."""
-        from spcli.engine.replica import SpeculatorSource
 
-        k = parse_self(self.speculator_name)
-        check_speculator_attention(self.path, self.name, self.speculator_name, self.max_positions)
-        if k is not None:
-            assert self.speculator_layers, "set speculator_layers where the base has no weights here"
-            return SpeculatorSource(str(self.path), self.dtype, self.speculator_layers, total=k or None)
-        return SpeculatorSource(str(models.locate(self.speculator_name)), self.dtype)  # any tokenizer (prepare aligns)
+def speculator_source(path: Path, model: str, speculator: str, dtype: str, max_positions: int,
+                      speculator_layers: int | None = None, speculator_path: Path | None = None):
+    """What a speculator loads where the base's weights are not here (vLLM holds them): a model folder
+    (of any tokenizer: prepare aligns), or only the base's first `speculator_layers` layers
+    (`self`/`self:K`). Checked here, so a worker replica loads what the driver would."""
+    from spcli.engine.replica import SpeculatorSource
+
+    k = parse_self(speculator)
+    check_speculator_attention(path, model, speculator, max_positions, speculator_path)
+    if k is not None:
+        assert speculator_layers, "give speculator_layers where the base has no weights here"
+        return SpeculatorSource(str(path), dtype, speculator_layers, total=k or None)
+    return SpeculatorSource(str(speculator_path or models.locate(speculator)), dtype)  # any tokenizer (prepare aligns)
+
+
+@dataclass(frozen=True)
+class BaseFiles:
+    """What the base model's folder says without its weights."""
+
+    path: Path
+    tokenizer: object
+    eos_ids: set[int]
+    pad_id: int
+    max_positions: int  # max_position_embeddings
+
+
+def read_base(path: Path) -> BaseFiles:
+    tokenizer = load_tokenizer(path)
+    eos_ids = eos_ids_of(path, tokenizer)
+    pad = tokenizer.pad_token_id
+    return BaseFiles(path, tokenizer, eos_ids, int(pad if pad is not None else min(eos_ids, default=0)),
+                     int(getattr(read_config(path), "max_position_embeddings", None) or 1 << 30))
+
+
+UNREAD = object()  # open_stack's speculator_tokens: not read yet (the stack reads them on first use)
+
+
+def open_stack(base: BaseFiles, model: str, speculator: str, dtype: str, device: torch.device, *,
+               with_base: bool = True, needs_speculator: bool = True, speculator_path: Path | None = None,
+               speculator_tokens=UNREAD, **engine) -> ModelStack:
+    """The stack of a model already located, with its speculator, dtype and device already picked (spcli.resolved
+    for a run): nothing is located or picked here. Loads the base's weights when `with_base`.
+    `needs_speculator`: refuse a sliding-window speculator now, before any weights load (else on first use);
+    `speculator_path`: a separate speculator's folder where already located; `speculator_tokens`: what
+    load.speculator_tokens gave where already read; `engine`: an engine's own ModelStack fields
+    (max_positions, speculator_layers, speculate_remote, max_prompt_len, prompt_len_flag)."""
+    if needs_speculator:
+        check_speculator_attention(base.path, model, speculator, base.max_positions, speculator_path)
+    read = {} if speculator_tokens is UNREAD else {"_speculator_tokens": speculator_tokens, "_is_tokens_checked": True}
+    fields = dict(path=base.path, name=model, tokenizer=base.tokenizer, eos_ids=base.eos_ids, pad_id=base.pad_id,
+                  max_positions=base.max_positions, dtype=dtype, device=device, speculator_name=speculator,
+                  located=None if speculator_path is None else (speculator, speculator_path), **read)
+    return ModelStack(**{**fields, **engine},
+                      base=load_causal_lm(base.path, dtype, device).model if with_base else None)
 
 
 def load_stack(model: str, speculator: str | None = None, dtype: str | None = None, device: str = "auto",
                with_base: bool = True, path: Path | None = None, needs_speculator: bool = True) -> ModelStack:
-    """Tokenizer, EOS ids, pad id and max positions of `model`, its base weights when `with_base`, and its
-    speculator (resolved name; loaded lazily). `path`: the model's folder when already located.
-    `needs_speculator`: refuse a sliding-window speculator now, before any weights load (else on first use)."""
+    """open_stack by name (eval, bench, calibrate): `model` located (`path`: its folder when already located),
+    its speculator (default: the model's), dtype and device picked here, as spcli.resolved does for a run."""
     path = path or models.locate(model)
-    dtype = resolve_dtype(dtype, model, pick_device(device))[0]
-    tokenizer = load_tokenizer(path)
-    eos_ids = eos_ids_of(path, tokenizer)
-    pad = tokenizer.pad_token_id
-    config = read_config(path)
-    if needs_speculator:
-        check_speculator_attention(path, model, speculator or models.default_speculator(model),
-                                   int(getattr(config, "max_position_embeddings", None) or 1 << 30))
-    return ModelStack(
-        path=path, name=model, tokenizer=tokenizer, eos_ids=eos_ids,
-        pad_id=int(pad if pad is not None else min(eos_ids, default=0)),
-        max_positions=int(getattr(config, "max_position_embeddings", None) or 1 << 30),
-        dtype=dtype, device=pick_device(device),
-        speculator_name=speculator or models.default_speculator(model),
-        base=load_causal_lm(path, dtype, pick_device(device)).model if with_base else None,
-    )
+    torch_device = pick_device(device)
+    return open_stack(read_base(path), model, speculator or models.default_speculator(model),
+                      resolve_dtype(dtype, model, torch_device)[0], torch_device, with_base=with_base,
+                      needs_speculator=needs_speculator)
 
 
 def read_config(path: Path):

@@ -32,9 +32,10 @@ def engine_dtype(cfg: RunConfig, is_cpu: bool) -> str:
     return resolve_dtype(cfg.dtype, cfg.model, torch.device("cpu" if is_cpu else "cuda"), engine="vllm")[0]
 
 
-def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool) -> dict:
+def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool, dtype: str | None = None) -> dict:
     """VllmRunnerConfig fields for the base model: the preset's, overridden by --tp, --max-model-len,
-    --gpu-memory-utilization and --max-num-batched-tokens.
+    --gpu-memory-utilization and --max-num-batched-tokens. `dtype`: the run's, where already resolved
+    (spcli.resolved); else engine_dtype's.
 
     Quantization: a checkpoint that declares its own (config.json `quantization_config`, e.g. the
     FP8 405B's fbgemm_fp8) is read by vLLM as it is; otherwise the preset's (fp8 = vLLM quantizes
@@ -47,7 +48,7 @@ def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool) -> dict:
         quantization = None
     kwargs = {"quantization": quantization} if quantization else {}
     args = dict(
-        model=str(model_path), dtype=engine_dtype(cfg, is_cpu),
+        model=str(model_path), dtype=dtype or engine_dtype(cfg, is_cpu),
         tensor_parallel_size=v.tp or (preset.tp if preset else 1),
         max_model_len=v.max_model_len or (preset.max_model_len if preset else None),
         max_num_batched_tokens=v.max_num_batched_tokens, max_num_seqs=v.max_num_seqs,

@@ -32,17 +32,18 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from spcli import models
+import torch
+
 from spcli.config import RunConfig, ScoreConfig
-from spcli.device import pick_device
 from spcli.engine import load
 from spcli.engine.failures import raise_if_device_error
 from spcli.engine.replica_queue import overlaps
 from spcli.engine.request import Generation, PrunedRequest
-from spcli.engine.vllm_args import cpu_env_defaults, engine_args, engine_dtype, read_model_config
+from spcli.engine.vllm_args import cpu_env_defaults, engine_args, read_model_config
 from spcli.engine.vllm_refusals import base_quantization, refuse_speculator, stored_quantization
 from spcli.errors import ConfigError, EngineDied, RecordError
 from spcli.plan.memory import GiB
+from spcli.resolved import ResolvedRun, resolve_run
 from spcli.stop import StopAtSafePoint
 
 
@@ -53,46 +54,52 @@ def self_layers(speculator: str, score: ScoreConfig, num_layers: int) -> int:
 
 
 class VllmEngine:
-    def __init__(self, cfg: RunConfig, log=lambda msg: None, runner=None):
-        """`runner`: an already started VllmRunner to reuse (tests, benches); else one is started here.
+    def __init__(self, run: ResolvedRun | RunConfig, log=lambda msg: None, runner=None):
+        """`run`: the resolved run (spcli.resolved; a RunConfig is resolved here: tests, benches). `runner`: an
+        already started VllmRunner to reuse (tests, benches); else one is started here.
 
-        The stack is made once, with its final fields: the driver placement's device (pick_device is NVML's
-        count, no CUDA before vLLM starts; the workers placement holds no model here: CPU, for tokenizing),
-        the self speculator's layers, and what the runner decides (max_positions, the reserve's prompt
-        bound, the worker speculator)."""
+        The stack is made once, complete, after the runner: the driver placement's device (the resolved one,
+        NVML's count, no CUDA before vLLM starts; the workers placement holds no model here: CPU, for
+        tokenizing), the self speculator's layers, and what the runner decides (max_positions, the reserve's
+        prompt bound, the worker speculator)."""
+        run = run if isinstance(run, ResolvedRun) else resolve_run(run)
+        cfg = run.cfg
         self.cfg = cfg
         self.log = log
         self.placement = cfg.vllm.speculator_placement
-        name = cfg.speculator or models.default_speculator(cfg.model)
-        path = models.locate(cfg.model)
-        model_config = read_model_config(path)  # read once: layers, RoPE table, quantization
+        self.dtype = run.dtype  # the base's, for the replicas on the GPUs too (not the driver CPU's)
+        name = run.speculator
+        model_config = read_model_config(run.model_path)  # read once: layers, RoPE table, quantization
         if cfg.select.prunes:  # what `spcli plan` refuses, refused here before vLLM is imported or started
             refuse_speculator(name, cfg.model, cfg.score, base_quantization(cfg.model, stored_quantization(model_config)),
                               int(model_config["num_hidden_layers"]))
         platform = _import_vllm()  # first: no CUDA runtime call before it (spcli/device.py); vLLM sets the NVML check too
-        device = pick_device(cfg.device) if self.placement == "driver" else pick_device("cpu")
-        dtype = engine_dtype(cfg, platform.is_cpu())  # the base's, for the replicas on the GPUs too (not the driver CPU's)
-        stack = load.load_stack(cfg.model, cfg.speculator, dtype, str(device), with_base=False, path=path,
-                                needs_speculator=cfg.select.prunes)  # keep 1.0: none is located or checked
+        device = run.device if self.placement == "driver" else torch.device("cpu")
+        base = load.read_base(run.model_path)
         self.model_config = model_config
         self.source = None  # what the speculator loads (checked before vLLM starts); None: it cannot run here
+        layers = None  # a self speculator's first layers (early exit), read from the base's checkpoint
+        tokens = load.UNREAD  # the speculator's own tokenizer, where it runs
         if not cfg.select.prunes:
             pass  # the full-prefill baseline: no speculator, even where the preset's is not on this machine
-        elif load.parse_self(name) is None:
-            self.source = stack.speculator_source()
-        elif not cfg.score.lookahead:  # with look-ahead: refused above, or at --keep 1.0 a record's own keep errs
-            layers = self_layers(name, cfg.score, int(self.model_config["num_hidden_layers"]))
-            stack = dataclasses.replace(stack, speculator_layers=layers)
-            self.source = stack.speculator_source()
+        elif load.parse_self(name) is None or not cfg.score.lookahead:  # self with look-ahead: refused above
+            if load.parse_self(name) is not None:
+                layers = self_layers(name, cfg.score, int(model_config["num_hidden_layers"]))
+            self.source = load.speculator_source(base.path, cfg.model, name, self.dtype, base.max_positions, layers,
+                                                 run.speculator_path)
+            tokens = load.speculator_tokens(base.tokenizer, name, run.speculator_path)
         self.owns_runner = runner is None
         max_prompt_len = cfg.vllm.max_prompt_len  # an already started runner: the flag's bound, no reserve here
         if runner is None:
-            runner, max_prompt_len = self._start_runner(platform, stack)
+            runner, max_prompt_len = self._start_runner(platform, base, device)
         self.runner = runner
-        remote = (WorkerSpeculator(runner.llm, self.source, stack.speculator_eos_ids)
-                  if self.placement == "workers" and self.source is not None else None)
-        self.stack = dataclasses.replace(
-            stack, max_positions=runner.max_positions, speculate_remote=remote, max_prompt_len=max_prompt_len,
+        remote = None
+        if self.placement == "workers" and self.source is not None:
+            remote = WorkerSpeculator(runner.llm, self.source, base.eos_ids if tokens is None else tokens.eos_ids)
+        self.stack = load.open_stack(
+            base, cfg.model, name, self.dtype, device, with_base=False, needs_speculator=False,  # source checked it
+            speculator_path=run.speculator_path, speculator_tokens=tokens, speculator_layers=layers,
+            max_positions=runner.max_positions, speculate_remote=remote, max_prompt_len=max_prompt_len,
             prompt_len_flag="--max-prompt-len (it sizes the speculator's share of the GPU)" if max_prompt_len else "")
         self.overlap = overlaps(cfg.vllm.speculator_overlap, platform.is_cpu(), remote is not None)
         if remote is not None:
@@ -100,26 +107,26 @@ class VllmEngine:
                      f"{cfg.vllm.speculator_overlap}): the workers score the next window "
                      + ("while vLLM runs this one" if self.overlap else "between vLLM's steps"))
 
-    def _start_runner(self, current_platform, stack: load.ModelStack):
+    def _start_runner(self, current_platform, base: load.BaseFiles, device):
         """(the runner, the longest prompt the speculator's reserve is sized for, or None without a reserve)."""
         from spcli.engine.vllm_pass import VllmRunner, VllmRunnerConfig
 
-        args = engine_args(self.cfg, stack.path, current_platform.is_cpu())
+        args = engine_args(self.cfg, base.path, current_platform.is_cpu(), self.dtype)
         max_prompt_len = self.cfg.vllm.max_prompt_len  # None: the base's positions (tokenize's own bound)
         if current_platform.is_cpu():
             for key, value in cpu_env_defaults(args["tensor_parallel_size"]).items():
                 os.environ.setdefault(key, value)
-        elif "gpu_memory_utilization" not in args and self._shares_gpu(args["tensor_parallel_size"], stack.device):
-            index = (stack.device.index or 0) if self.placement == "driver" else 0
+        elif "gpu_memory_utilization" not in args and self._shares_gpu(args["tensor_parallel_size"], device):
+            index = (device.index or 0) if self.placement == "driver" else 0
             total = current_platform.get_device_total_memory(index)  # NVML: no CUDA init here
-            max_prompt_len = self._reserve_tokens(args, total, stack)  # longer: an error row, not an OOM
-            share = self._speculator_share(max_prompt_len, total, stack.dtype)
+            max_prompt_len = self._reserve_tokens(args, total, base.path)  # longer: an error row, not an OOM
+            share = self._speculator_share(max_prompt_len, total)
             args["gpu_memory_utilization"] = share.gpu_memory_utilization
-            where = "on every GPU" if self.placement == "workers" else f"on {stack.device}"
+            where = "on every GPU" if self.placement == "workers" else f"on {device}"
             self.log(f"speculator reserve {share.reserve.total / GiB:.1f} GiB of {total / GiB:.1f} GiB {where}: "
                      f"gpu_memory_utilization={share.gpu_memory_utilization} (spcli plan shows the terms)")
         self.log("starting vLLM: " + ", ".join(f"{k}={v}" for k, v in args.items() if k != "engine_kwargs"))
-        return VllmRunner(VllmRunnerConfig(**args), stack.tokenizer, stack.eos_ids), max_prompt_len
+        return VllmRunner(VllmRunnerConfig(**args), base.tokenizer, base.eos_ids), max_prompt_len
 
     def _shares_gpu(self, tp: int, device) -> bool:
         """The speculator sits on vLLM's GPUs (workers: all of them; driver: --device, if one of 0 .. tp-1)
@@ -130,7 +137,7 @@ class VllmEngine:
             return True
         return device.type == "cuda" and (device.index or 0) < tp
 
-    def _reserve_tokens(self, args: dict, total_bytes: int, stack: load.ModelStack) -> int:
+    def _reserve_tokens(self, args: dict, total_bytes: int, model_path: Path) -> int:
         """The longest prompt the reserve is sized for: --max-prompt-len, by default the plan's (the base's positions
         where the reserve for them leaves vLLM one max_model_len request, else the longest that does:
         plan.default_prompt_len). The base holds only kept tokens: --max-model-len bounds kept + generated."""
@@ -141,21 +148,21 @@ class VllmEngine:
         max_positions = int(self.model_config.get("max_position_embeddings", 1 << 17))
         if self.cfg.vllm.max_prompt_len:
             return min(self.cfg.vllm.max_prompt_len, max_positions)
-        base = ModelShape.from_folder(stack.path)  # a stored quantization counts in its headers' bytes
+        base = ModelShape.from_folder(model_path)  # a stored quantization counts in its headers' bytes
         spec = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
-        b = DTYPE_BYTES[stack.dtype]
+        b = DTYPE_BYTES[self.dtype]
         return default_prompt_len(base, spec, self.cfg.score, self.cfg.speculator_chunk, total_bytes, b,
                                   args["tensor_parallel_size"], args["engine_kwargs"].get("quantization"),
                                   KV_CACHE_BYTES.get(args["kv_cache_dtype"], b), args["max_model_len"] or max_positions)
 
-    def _speculator_share(self, max_prompt_len: int, total_bytes: int, dtype: str):
+    def _speculator_share(self, max_prompt_len: int, total_bytes: int):
         """The plan's (spcli/plan/memory.py): the reserve for prompts up to max_prompt_len, the utilization."""
         from spcli.plan.memory import speculator_share
         from spcli.plan.shapes import DTYPE_BYTES, ModelShape
 
         shape = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
         return speculator_share(shape, self.cfg.score, max_prompt_len, self.cfg.speculator_chunk, total_bytes,
-                                DTYPE_BYTES[dtype])
+                                DTYPE_BYTES[self.dtype])
 
     def check(self, req: PrunedRequest) -> None:
         self.runner.check(req)  # e.g. kept + max_tokens > max_model_len

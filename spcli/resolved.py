@@ -1,0 +1,58 @@
+"""A run resolved once, before anything loads: what every later stage reads instead of deriving it again.
+
+`resolve_run(cfg)` answers each question about a RunConfig once: the base model's folder (models.locate), the
+speculator (models.default_speculator) and, where a separate one will run, its folder; the scoring settings
+and where they came from (spcli.profiles); the device (spcli.device, NVML only) and the dtype and why
+(spcli.dtype, per engine); and which path scores the base's tokens. It reads configs and tokenizers, no
+weights. The banner, the manifest's fingerprint, the vLLM engine's memory plan and both engines read the
+ResolvedRun; none of them locates or picks anything again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from spcli import models, profiles
+from spcli.config import RunConfig
+from spcli.device import pick_device
+from spcli.dtype import resolve_dtype
+from spcli.engine.load import parse_self, scoring_path
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    cfg: RunConfig  # score, the selection chunk and dtype filled in: what every stage runs with
+    model_path: Path  # the base model's folder
+    speculator: str  # a preset name, a folder, an HF id, "self" or "self:K" (named even where keep 1.0 runs none)
+    speculator_path: Path | None  # a separate speculator's folder; None for self/self:K and at keep 1.0 (not located)
+    dtype_why: str  # how cfg.dtype was picked (spcli.dtype.resolve_dtype)
+    device: torch.device  # --device resolved: the hf engine's, the vLLM driver speculator's
+    settings_source: str  # where the scoring settings came from: flags, a profile, a preset or a fallback
+    scoring: str | None  # which path scores the base's tokens (load.SAME_TOKENIZER / CROSS_TOKENIZER); None at keep 1.0
+
+    @property
+    def dtype(self) -> str:
+        return self.cfg.dtype
+
+    @property
+    def prunes(self) -> bool:
+        return self.cfg.select.prunes
+
+
+def resolve_run(cfg: RunConfig) -> ResolvedRun:
+    """`cfg` resolved; a model or speculator that is not on this machine is refused here (a keep 1.0 run never
+    locates its speculator)."""
+    model_path = models.locate(cfg.model)
+    speculator = cfg.speculator or models.default_speculator(cfg.model)
+    cfg, source = profiles.resolve_with_source(cfg, cfg.model, model_path, speculator)
+    device = pick_device(cfg.device)
+    dtype, dtype_why = resolve_dtype(cfg.dtype, cfg.model, device, engine=cfg.engine)
+    cfg = dataclasses.replace(cfg, dtype=dtype)  # every engine loads what the fingerprint records
+    prunes = cfg.select.prunes
+    speculator_path = models.locate(speculator) if prunes and parse_self(speculator) is None else None
+    scoring = scoring_path(model_path, speculator, speculator_path) if prunes else None
+    return ResolvedRun(cfg, model_path, speculator, speculator_path, dtype_why, device, source, scoring)
