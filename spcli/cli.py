@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import KEEP_SCALE, MAX_UNIT, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
+from spcli.config import KEEP_SCALE, MAX_UNIT, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK
 from spcli import help_panels
 from spcli.device import nvml_device_checks
 from spcli.errors import EXIT_FAILURE, SpcliError

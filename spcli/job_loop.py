@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from spcli.batch import num_over_budget, stream_rows
 from spcli.config import RunConfig
-from spcli.errors import EngineDied, Interrupted, OutputError
 from spcli.io.ids import mark_duplicates
 from spcli.io.read import read_records
 from spcli.io.records import Record, Shard
@@ -96,37 +95,26 @@ def stream_shards(engine, cfg: RunConfig, shards: list[Shard], manifest, committ
     Interrupted once a stop was asked for."""
     reorder = Reorder(committer, manifest, cfg, progress, warned)
     in_vllm = 0  # requests in vLLM when a stop dropped them
-    try:
-        with engine.streaming() as stream:  # an engine that dies in here leaves it as EngineDied
-            rows = stream_rows(stream, engine, reorder.read(shards), cfg, paths, cfg.batch_size,
-                               on_window=lambda batch: mark_duplicates(batch, ids, paths), on_stage=progress.stage,
-                               should_stop=stop.is_urgent, should_drain=lambda: stop.requested, overlap=engine.overlap)
-            try:
-                for rec, row in rows:
-                    reorder.add(rec, row)
-                reorder.flush()
-            except StopAtSafePoint:
-                in_vllm = stream.num_in_flight
-                raise
-            finally:
-                rows.close()
-        check_stop()
-    except StopAtSafePoint:
-        log.warning("%d rows read and not finished (%d of them in vLLM) were dropped at a safe point; they are "
-                    "redone on resume", reorder.num_waiting, in_vllm)
-        check_stop()
-        raise
-    except EngineDied as e:
-        if stop.requested:  # the signal reached the engine's own processes as well
-            if committer.has_rows:
-                committer.commit()
-            raise Interrupted(f"{e.stopped_message}; committed rows are safe: "
-                              "run the same command again to resume") from e
-        raise
-    except (Interrupted, OutputError):
-        raise
-    except Exception:
-        if committer.has_rows:
-            committer.commit()  # a file-level problem mid-shard: keep what is finished, then stop
-        raise
+    with committer.keeping_finished_rows(lambda: stop.requested):
+        try:
+            with engine.streaming() as stream:  # an engine that dies in here leaves it as EngineDied
+                rows = stream_rows(stream, engine, reorder.read(shards), cfg, paths, cfg.batch_size,
+                                   on_window=lambda batch: mark_duplicates(batch, ids, paths), on_stage=progress.stage,
+                                   should_stop=stop.is_urgent, should_drain=lambda: stop.requested,
+                                   overlap=engine.overlap)
+                try:
+                    for rec, row in rows:
+                        reorder.add(rec, row)
+                    reorder.flush()
+                except StopAtSafePoint:
+                    in_vllm = stream.num_in_flight
+                    raise
+                finally:
+                    rows.close()
+            check_stop()
+        except StopAtSafePoint:
+            log.warning("%d rows read and not finished (%d of them in vLLM) were dropped at a safe point; they are "
+                        "redone on resume", reorder.num_waiting, in_vllm)
+            check_stop()
+            raise
     return reorder.over_budget

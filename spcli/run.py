@@ -17,7 +17,7 @@ from spcli import retry
 from spcli.banner import banner_lines, resume_line
 from spcli.batch import num_over_budget, over_budget_warning, run_batch
 from spcli.config import RunConfig
-from spcli.errors import EngineDied, Interrupted, OutputError
+from spcli.errors import Interrupted, OutputError
 from spcli.io import commit
 from spcli.io.ids import mark_duplicates, rebuild_ids
 from spcli.io.lock import WriterLock
@@ -270,7 +270,7 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
         todo = []
     for shard in todo:
         prog = manifest.shards[shard.index]
-        try:
+        with committer.keeping_finished_rows(lambda: stop.requested):
             for batch in batches(read_records(shard, cfg.fields, prog.next_row, cfg.max_record_bytes), cfg.batch_size):
                 _check_stop(stop, committer, manifest)
                 mark_duplicates(batch, ids, paths)
@@ -284,11 +284,6 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
                                 len(batch))
                     _check_stop(stop, committer, manifest)
                     raise
-                except EngineDied as e:
-                    if stop.requested:  # the signal reached the engine's own processes as well
-                        raise Interrupted(f"{e.stopped_message}; committed rows are safe: "
-                                          "run the same command again to resume") from e
-                    raise
                 assert len(rows) == len(batch), "every record gives exactly one row"
                 over_budget += num_over_budget(batch, rows, cfg.select)
                 committer.add(shard.index, batch[-1].row + 1, rows)
@@ -296,12 +291,6 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
                 _check_stop(stop, committer, manifest)
                 if committer.due():
                     committer.commit()
-        except (Interrupted, OutputError):
-            raise
-        except Exception:
-            if committer.has_rows:
-                committer.commit()  # a file-level problem mid-shard: keep what is finished, then stop
-            raise
         committer.commit(shard.index, done=True)
         if prog.rows == 0 and shard.index not in warned:
             log.warning("%s: no records", shard.path)

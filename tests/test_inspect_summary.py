@@ -179,7 +179,7 @@ def test_on_a_real_run(tmp_path, tiny_dir, write_jsonl):
     assert res.exit_code == 0, res.output
     prompt = sum(r["num_prompt_tokens"] for r in rows.values() if r["error"] is None)
     kept = sum(r["num_kept_tokens"] for r in rows.values() if r["error"] is None)
-    assert f"4 done, 1 failed, 0 pending" in res.output
+    assert "4 done, 1 failed, 0 pending" in res.output
     assert f"{prompt} prompt -> {kept} kept" in res.output
     res = CliRunner().invoke(app, ["inspect", str(out), "--id", "r1"])
     assert res.exit_code == 0, res.output

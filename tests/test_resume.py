@@ -156,7 +156,7 @@ def test_changed_input_file_refuses_to_resume(tmp_path, tiny_dir, write_jsonl, c
     code, _, err = cli(argv(src, out, tiny_dir), capsys)
     assert code == 2
     line = last_line(err)
-    assert f"(inputs.0.mtime_ns: " in line and f"inputs.0.size: {size} -> {src.stat().st_size})" in line
+    assert "(inputs.0.mtime_ns: " in line and f"inputs.0.size: {size} -> {src.stat().st_size})" in line
 
 
 def test_unreadable_manifest_and_missing_part_are_clear_errors(tmp_path, tiny_dir, write_jsonl, capsys):

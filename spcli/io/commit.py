@@ -17,13 +17,14 @@ import re
 import secrets
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spcli.errors import OutputError
+from spcli.errors import EngineDied, Interrupted, OutputError
 from spcli.io.openai import response_lines
 from spcli.io.schema import RowResult, to_dict, to_table
 
@@ -177,6 +178,29 @@ class Committer:
     def has_rows(self) -> bool:
         """Rows are buffered, waiting for a commit."""
         return self.counts.rows > 0
+
+    @contextmanager
+    def keeping_finished_rows(self, stop_requested):
+        """Around a job loop: what is finished is committed before an error leaves it. An engine that dies while a
+        stop was asked for (`stop_requested()`: the signal reached its processes too) becomes Interrupted (exit 75,
+        run again to resume); Interrupted and OutputError pass as they are (they commit, or cannot)."""
+        try:
+            yield
+        except (Interrupted, OutputError):
+            raise
+        except EngineDied as e:
+            if not stop_requested():
+                self._commit_what_is_finished()
+                raise
+            self._commit_what_is_finished()
+            raise Interrupted(f"{e.stopped_message}; committed rows are safe: run the same command again to resume") from e
+        except Exception:
+            self._commit_what_is_finished()  # a file-level problem mid-shard: keep what is finished, then stop
+            raise
+
+    def _commit_what_is_finished(self) -> None:
+        if self.has_rows:
+            self.commit()
 
     @property
     def elapsed_s(self) -> float:

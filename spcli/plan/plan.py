@@ -10,7 +10,6 @@ from spcli.config import SPECULATOR_CHUNK, ScoreConfig, _check
 from spcli.engine.load import parse_self
 from spcli.engine.vllm_args import read_model_config
 from spcli.engine.vllm_refusals import base_quantization, refuse_speculator, stored_quantization
-from spcli.errors import ConfigError
 from spcli.plan import memory
 from spcli.plan.configs import local_folder, model_shape
 from spcli.plan.flops import PLACEMENTS, SpeedupLimit, speedup_limit
