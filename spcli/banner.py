@@ -27,7 +27,7 @@ def banner_lines(run: ResolvedRun, shards: list[Shard], rows_total: int | None, 
         f"speculator: {run.speculator}{f', {run.scoring}' if run.scoring else ''} ({score})"
         + (" (not used at keep 1.0)" if not cfg.select.prunes else f"; settings from {run.settings_source}"),
         f"keep: {cfg.select.keep} ({select})",
-        f"engine: {cfg.engine}, device {run.device}{placement(cfg)}, batch size {cfg.batch_size}",
+        f"engine: {cfg.engine}, device {run.device}{placement(cfg)}, {batch_text(cfg)}",
         f"output: {out} ({cfg.output_format})",
     ]
 
@@ -44,3 +44,11 @@ def placement(cfg: RunConfig) -> str:
 def resume_line(rows_done: int, rows_total: int | None, shard: str, next_row: int) -> str:
     of = "" if rows_total is None else f" of {rows_total}"
     return f"resuming: {rows_done}{of} rows done, shard {shard} at row {next_row}"
+
+
+def batch_text(cfg: RunConfig) -> str:
+    if cfg.engine == "hf":
+        return f"batch size {cfg.hf_batch}"
+    if cfg.batch_size:
+        return f"speculator window {cfg.batch_size}"
+    return "speculator window from vLLM's capacity and the speculator's batch (--batch-size sets it)"

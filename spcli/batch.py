@@ -105,11 +105,11 @@ def prepared(engine, records: list[Record], cfg: RunConfig, shard_paths: dict[in
     return Prepared(engine, records, cfg, shard_paths, on_stage, should_stop).finish()
 
 
-def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard_paths: dict[int, str], window: int,
+def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard_paths: dict[int, str], window: int | None,
                 on_window=lambda records: None, on_stage=lambda text: None, should_stop=lambda: False,
                 should_drain=lambda: False, overlap: bool = False) -> Iterator[tuple[Record, RowResult]]:
     """The job loop of an engine that takes requests as they come (`stream`: vllm_stream.VllmStream): records are
-    read `window` at a time, prepared (tokenize -> speculate -> select: prepare.py) and handed to the base engine at
+    read `window` at a time (None: stream.window, from what vLLM runs and the speculator batches), prepared (tokenize -> speculate -> select: prepare.py) and handed to the base engine at
     once, up to stream.limit(...) in flight (what vLLM's KV cache and max_num_seqs run, twice over); the next
     window is scored whenever fewer than one running set is waiting or being scored. Rows come back as they
     finish, in any order; the caller puts them back in read order. should_stop() is asked between engine steps
@@ -124,6 +124,7 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
     scoring: deque[tuple[Prepared, float]] = deque()  # windows whose speculator pass is under way
     started: dict[str, tuple] = {}  # key -> (record, request, when its window was read, when it was submitted)
     tokens, count = 0, 0  # kept + generated tokens of the requests submitted so far, for the KV-bound limit
+    prompt_tokens = 0  # their prompts' tokens, for the speculator window
     is_exhausted = False
     while True:
         if not is_exhausted and should_drain():
@@ -133,7 +134,7 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
         size = tokens / count if count else 0
         num_scoring = sum(len(p.records) for p, _ in scoring)
         if not is_exhausted and not scoring and len(pending) + num_scoring < stream.capacity(size):
-            batch = list(islice(records, window))
+            batch = list(islice(records, window or stream.window(prompt_tokens / count if count else 0, size)))
             is_exhausted = not batch
             if batch:
                 on_window(batch)
@@ -155,6 +156,7 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
                 continue
             started[key] = (rec, req, t0, time.perf_counter())
             tokens, count = tokens + int(req.kept.numel()) + req.max_tokens, count + 1
+            prompt_tokens += req.num_prompt_tokens
         if not stream.num_in_flight:
             if is_exhausted and not pending and not scoring:
                 return

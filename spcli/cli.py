@@ -95,7 +95,7 @@ def run(
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (each row seeded by seed and id).")] = 0,
     logprobs: Annotated[int, typer.Option(help="Per generated token, its logprob and the top N alternatives (column `logprobs`); 0 = off.")] = 0,
-    batch_size: Annotated[int, typer.Option(help="hf: rows prefilled and decoded together. vllm: the speculator window, records scored together while vLLM runs as many rows as its KV cache and --max-num-seqs hold (docs/engine-loop.md). One committed part holds every row finished in --commit-interval.")] = 8,
+    batch_size: Annotated[Optional[int], typer.Option(help="hf: rows prefilled and decoded together (default 8). vllm: the speculator window, records scored together while vLLM runs as many rows as its KV cache and --max-num-seqs hold; default: enough prompts to fill one batched speculator pass per worker (32,768 tokens), at most what vLLM runs at once (docs/engine-loop.md). One committed part holds every row finished in --commit-interval.", show_default=False)] = None,
     dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there); the start banner says which and why.")] = "auto",
     engine: Annotated[str, typer.Option(help="hf (transformers) or vllm.")] = "hf",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",

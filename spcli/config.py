@@ -246,6 +246,9 @@ class VllmConfig:
                f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}")
 
 
+HF_BATCH = 8  # --engine hf's rows per batch where --batch-size is not given
+
+
 @dataclass(frozen=True)
 class RunConfig:
     inputs: tuple[str, ...]
@@ -255,7 +258,7 @@ class RunConfig:
     engine: str = "hf"
     dtype: str | None = "auto"  # auto (or None): per device, spcli.dtype.resolve_dtype
     device: str = "auto"
-    batch_size: int = 8
+    batch_size: int | None = None  # hf: rows per batch (None: HF_BATCH); vllm: the speculator window (None: vllm_stream.window)
     output_format: str = "parquet"
     save_scores: bool = False
     truncate: str = "error"
@@ -276,7 +279,7 @@ class RunConfig:
         _check(len(self.inputs) > 0, "give at least one INPUT file, glob or directory")
         _check(self.engine in ENGINES, f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        _check(self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
+        _check(self.batch_size is None or self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
         _check(self.output_format in OUTPUT_FORMATS, f"--output-format must be one of {', '.join(OUTPUT_FORMATS)}, got {self.output_format!r}")
         _check(self.truncate in TRUNCATE_POLICIES, f"--truncate must be one of {', '.join(TRUNCATE_POLICIES)}, got {self.truncate!r}")
         _check(self.max_record_bytes >= 1, f"--max-record-bytes must be >= 1, got {self.max_record_bytes}")
@@ -288,6 +291,11 @@ class RunConfig:
         columns = self.pass_through.split(",") if isinstance(self.pass_through, str) else self.pass_through or ()
         object.__setattr__(self, "pass_through", tuple(dict.fromkeys(c.strip() for c in columns)))
         _check(all(self.pass_through), f"--pass-through takes column names, comma-separated, got {self.pass_through}")
+
+    @property
+    def hf_batch(self) -> int:
+        """Rows per batch of the batch loop (--engine hf, and --retry-failed's redo)."""
+        return self.batch_size or HF_BATCH
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

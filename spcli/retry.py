@@ -57,7 +57,7 @@ def retry_failed(cfg, out: Path, manifest, committer, shards: list[Shard], faile
         if not where:
             continue
         records = iter(records_at(shard, set(where), cfg))
-        while batch := list(islice(records, cfg.batch_size)):
+        while batch := list(islice(records, cfg.hf_batch)):
             check_stop()
             mark_duplicates(batch, ids, paths)
             try:

@@ -271,7 +271,7 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
     for shard in todo:
         prog = manifest.shards[shard.index]
         with committer.keeping_finished_rows(lambda: stop.requested):
-            for batch in batches(read_records(shard, cfg.fields, prog.next_row, cfg.max_record_bytes), cfg.batch_size):
+            for batch in batches(read_records(shard, cfg.fields, prog.next_row, cfg.max_record_bytes), cfg.hf_batch):
                 _check_stop(stop, committer, manifest)
                 mark_duplicates(batch, ids, paths)
                 if engine is None:

@@ -575,3 +575,19 @@ def test_a_vllm_run_resolves_once_and_makes_its_stack_once(shared_engine, monkey
     assert "done: 6 rows (0 failed)" in output
     assert (counts["locate"], counts["default_speculator"], counts["pick_device"], counts["resolve_dtype"]) == (2, 0, 1, 1)
     assert len(made) == 1 and made[0]["speculate_remote"] is not None
+
+
+@needs_vllm
+def test_the_default_speculator_window_fills_a_speculator_pass_within_what_vllm_runs(vllm_base):
+    """Without --batch-size, vllm's window comes from the plan's numbers: 32,768 padded tokens per worker's batched
+    speculator pass at the prompts' mean length, never more than vLLM runs at once, 8 per worker before any is seen."""
+    from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS
+    from spcli.engine.vllm_stream import FIRST_WINDOW, VllmStream
+
+    stream = VllmStream(vllm_base)
+    per_request = 300.0  # kept + generated tokens
+    capacity = stream.capacity(per_request)
+    assert stream.window(0, per_request) == min(FIRST_WINDOW, capacity)
+    assert stream.window(1024, per_request) == min(SPECULATOR_BATCH_TOKENS // 1024, capacity)
+    assert stream.window(SPECULATOR_BATCH_TOKENS * 3, per_request) == 1  # a prompt longer than a pass goes alone
+    assert stream.window(16, 1e9) == 1  # a KV cache that holds one request: a window of one

@@ -20,6 +20,7 @@ import time
 from spcli.engine.request import Generation, PrunedRequest
 
 QUEUED_SETS = 2  # running set + the next one waiting in vLLM's queue
+FIRST_WINDOW = 8  # prompts per worker in the first speculator window, before their length is known
 
 
 class VllmStream:
@@ -38,6 +39,16 @@ class VllmStream:
             return seqs
         kv_tokens = blocks * int(config.cache_config.block_size)
         return max(1, min(seqs, int(kv_tokens // tokens_per_request)))
+
+    def window(self, prompt_tokens: float, tokens_per_request: float) -> int:
+        """The speculator window where --batch-size is not given: as many prompts as fill one batched speculator
+        pass on every worker (SPECULATOR_BATCH_TOKENS padded tokens each, at `prompt_tokens` a prompt), but no
+        more than vLLM runs at once (`capacity`); FIRST_WINDOW per worker before any prompt is seen."""
+        from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS
+
+        ranks = int(self.engine.vllm_config.parallel_config.world_size)
+        per_rank = FIRST_WINDOW if prompt_tokens <= 0 else max(1, int(SPECULATOR_BATCH_TOKENS // prompt_tokens))
+        return max(1, min(ranks * per_rank, self.capacity(tokens_per_request)))
 
     def limit(self, tokens_per_request: float) -> int:
         return QUEUED_SETS * self.capacity(tokens_per_request)
