@@ -308,3 +308,19 @@ def test_a_separate_speculator_has_its_own_layers_swept_and_its_profile_used_by_
     defaults, source = profiles.score_defaults(str(tiny_dir), tiny_dir, speculator)
     assert source == f"profile {doc['profile']}" and defaults["score_layers"] == str(doc["choice"]["layer"])
     assert defaults["lookahead"] == 0 and int(defaults["score_layers"]) < 2
+
+
+def test_sweep_selects_whole_units_as_run_does():
+    """With the prompt's units (`spcli run`'s default --unit sentence), the sweep keeps the fact's sentence whole where
+    token-by-token chunks keep only its 4 hot tokens: calibrate measures the selection that ships."""
+    queries, keys = constructed(best=(0, 1, 2))
+    keys[0][:] = 0.0
+    keys[0][0, 1008:1012, 0] = 1.0
+    settings = settings_of((16,), (1,), (1,))
+    is_new = torch.ones(N, dtype=torch.bool)
+    is_new[NEEDLE[0] + 1 : NEEDLE[1]] = False  # the needle's sentence is one unit, every other token one of its own
+    units = torch.cumsum(is_new.long(), 0) - 1
+    select = SelectConfig(keep=1.0, keep_last=0, keep_first=0, min_tokens=0, min_free=0)
+    chunks = sweep_prompt(queries, keys, [NEEDLE], settings, (0.05,), select, whole_facts)
+    whole = sweep_prompt(queries, keys, [NEEDLE], settings, (0.05,), select, whole_facts, units={1: units})
+    assert chunks[0, 0, 0] == 0.0 and whole[0, 0, 0] == 1.0

@@ -8,7 +8,8 @@ for every layer l and setting (window W, pool P, rows R, chunk C), without runni
     p[h, s, :] = softmax(q[l, h, s] . K[l]^T / sqrt(D)) over keys j <= pos(s)   (causal rows), fp32
     importance = R (mean or max) over the last W rows of max_h avgpool_P(p)[h, s, :]   (DESIGN.md steps 2-5)
 
-selection in chunks of C at every keep, and recall (`--metric`) = the fraction of the needle sentences kept
+selection as `spcli run` selects (whole units of --unit, long sentences split near C tokens; fixed chunks of
+C at --unit chunk) at every keep, and recall (`--metric`) = the fraction of the needle sentences kept
 whole (facts, the default: an answer needs the whole fact) or of their tokens kept (tokens). cost(l) = the share of the full forward spent up to the end of layer l (embeddings
 included): what an early-exit speculator scoring at layer l pays. The choice (`recommend`): without a
 cost cap, the cheapest (layer, setting), ties to the higher mean recall, then the smaller window, whose
@@ -40,7 +41,7 @@ from spcli.engine.capture import QueryCapture
 from spcli.engine.load import ModelStack, load_stack, parse_self
 from spcli.engine.select import select_tokens
 from spcli.engine.speculate import speculate
-from spcli.engine.tokenize import tokenize
+from spcli.engine.tokenize import tokenize, tokenize_units
 from spcli.errors import SpcliError
 from spcli.evaluate.compare import needle_spans
 from spcli.evaluate.metrics import FACT_MEASURES, covered
@@ -89,9 +90,11 @@ def window_importance(query: torch.Tensor, key: torch.Tensor, windows: tuple[int
 
 
 def sweep_prompt(queries: torch.Tensor, keys: list[torch.Tensor], spans: list[tuple[int, int]], settings: list[Setting],
-                 keeps: tuple[float, ...], select: SelectConfig, measure=covered) -> np.ndarray:
+                 keeps: tuple[float, ...], select: SelectConfig, measure=covered,
+                 units: dict[int, torch.Tensor] | None = None) -> np.ndarray:
     """Recall of one prompt for every (layer, setting, keep): [L, len(settings), len(keeps)], NaN without needle
-    spans; `measure(kept, spans)` is a FACT_MEASURES entry. queries: [L, H, R, D]; keys: L x [KVH, n, D]."""
+    spans; `measure(kept, spans)` is a FACT_MEASURES entry. queries: [L, H, R, D]; keys: L x [KVH, n, D].
+    units: per chunk setting, the prompt's selection units (`spcli run`'s --unit; None: fixed chunks)."""
     recall = np.full((len(keys), len(settings), len(keeps)), np.nan)
     if not spans:
         return recall
@@ -103,7 +106,8 @@ def sweep_prompt(queries: torch.Tensor, keys: list[torch.Tensor], spans: list[tu
             scores = importance[pools.index(s.pool), rows.index(s.rows), windows.index(s.window)]
             chunked = dataclasses.replace(select, chunk=s.chunk)
             for k, keep in enumerate(keeps):
-                recall[layer, i, k] = measure(select_tokens(scores, chunked, keep), spans)
+                kept = select_tokens(scores, chunked, keep, units=None if units is None else units[s.chunk])
+                recall[layer, i, k] = measure(kept, spans)
     return recall
 
 
@@ -190,6 +194,20 @@ def _tokens(tokenizer, max_positions: int, example: Example) -> list[int]:
     return tokenize(record, tokenizer, max_positions - GENERATION_ROOM, "error")
 
 
+def _units(tokenizer, max_positions: int, example: Example, ids: list[int], cfg: CalibrateConfig):
+    """Per chunk setting, the example's selection units as `spcli run` makes them (None at --unit chunk)."""
+    if cfg.select.unit == "chunk":
+        return None
+    record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
+    out = {}
+    for chunk in cfg.chunks:
+        select = dataclasses.replace(cfg.select, chunk=chunk)
+        same, layout = tokenize_units(record, tokenizer, max_positions - GENERATION_ROOM, "error", "", select)
+        assert same == ids, "tokenize and tokenize_units read the example alike"
+        out[chunk] = layout.units
+    return out
+
+
 def _paper_recall(m: ModelStack, ids, spans, cfg: CalibrateConfig) -> tuple[list[float], float]:
     """The paper's recipe (every layer, last token + look-ahead 8, pool 13, chunk 32): recall per keep, and its
     wall time."""
@@ -236,7 +254,8 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
         queries = cap.queries()[:, 0]  # [L, H, R, D]
         keys = [cap.keys[layer][0] for layer in range(num_layers)]  # L x [KVH, n, D]
         t1 = time.perf_counter()
-        recall = sweep_prompt(queries, keys, spans, settings, cfg.keeps, cfg.select, FACT_MEASURES[cfg.metric])
+        recall = sweep_prompt(queries, keys, spans, settings, cfg.keeps, cfg.select, FACT_MEASURES[cfg.metric],
+                              _units(tokenizer, max_positions, ex, ids, cfg))
         sweep_s = time.perf_counter() - t1
         del cap, queries, keys
         per_task[ex.task].append(recall)
