@@ -5,6 +5,7 @@ per task and over all tasks, mean [95% bootstrap CI]. No model is loaded.
     .venv/bin/python benches/eval_pairs.py OUT REFERENCE [--metric contains] [--with OTHER[=LABEL] ...]
 
 e.g. `benches/eval_pairs.py docs/results/qwen-eval specprefill@smollm2-135m`; writes OUT/pairs-REFERENCE.json.
+REFERENCE `full` pairs every selector at every keep with full prefill on the same example.
 `--with OTHER=LABEL` adds the selectors of another eval's journal over the same examples (the same task, length,
 seed and model: ids and prompt lengths must agree) as LABEL:SELECTOR, so that a later eval pairs with an earlier one;
 then the file is OUT/pairs-REFERENCE+LABEL.json.
@@ -21,18 +22,22 @@ from spcli.evaluate.metrics import bootstrap
 from spcli.evaluate.summary import TASK_METRIC, paired_differences
 
 
+FULL = "full"  # full prefill's rows: every other keep pairs with them by example
+
+
 def paired_deltas(rows: list[dict], reference: str, metric: str = TASK_METRIC, seed: int = 0) -> list[dict]:
     """One entry per (selector, keep, task or "all"): metric(selector) - metric(reference), paired by example id."""
-    ref = {(r["id"], r["keep"]): r for r in rows if r["selector"] == reference}
+    key = (lambda r: r["id"]) if reference == FULL else (lambda r: (r["id"], r["keep"]))  # full runs at keep 1 only
+    ref = {key(r): r for r in rows if r["selector"] == reference}
     if not ref:
         raise SystemExit(f"no rows of selector {reference!r} in the journal")
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        if r["selector"] != reference and (r["id"], r["keep"]) in ref:
+        if r["selector"] != reference and key(r) in ref:
             for task in (r["task"], "all"):
                 groups[(r["selector"], r["keep"], task)].append(r)
     return [{"selector": s, "keep": k, "task": t,
-             "delta": bootstrap(paired_differences(g, ref, lambda r: (r["id"], r["keep"]), metric), seed=seed).to_dict()}
+             "delta": bootstrap(paired_differences(g, ref, key, metric), seed=seed).to_dict()}
             for (s, k, t), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2] == "all", kv[0][2]))]
 
 

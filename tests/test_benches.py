@@ -70,6 +70,14 @@ def test_eval_pairs_bench_gives_the_paired_differences_of_the_journal_rows(tmp_p
     assert not any(s == "random" for s, _, _ in entries)  # the reference is not paired with itself
     bad = bench("eval_pairs.py", str(out), "nope")
     assert bad.returncode != 0 and "no rows of selector 'nope'" in bad.stderr
+    # against full prefill (keep 1.0 only): every keep pairs with the same example's full row
+    assert bench("eval_pairs.py", str(out), "full", "--metric", "kl").returncode == 0
+    vs_full = {(e["selector"], e["keep"], e["task"]): e["delta"] for e in
+               json.loads((out / "pairs-full.json").read_text())}
+    full = {r["id"]: r["kl"] for r in rows if r["selector"] == "full"}
+    want = [r["kl"] - full[r["id"]] for r in got]
+    assert vs_full[("specprefill", keep, "all")]["n"] == 2 and any(want)
+    assert abs(vs_full[("specprefill", keep, "all")]["mean"] - sum(want) / 2) < 1e-12
 
     # a later eval of the same examples pairs with this one: its rows come in as LABEL:SELECTOR
     later = tmp_path / "later"
