@@ -90,3 +90,19 @@ def test_eval_variant_restate_is_a_scoring_variant():
     assert "restate" not in SELECT_VARIANT_FIELDS  # its own speculator pass, not a reselection of the first's
     with pytest.raises(ConfigError, match="restate takes 0 or 1"):
         parse_variant("restate=maybe")
+
+
+def test_across_tokenizers_the_speculator_restates_in_its_own_tokens(tiny_other_dir):
+    """A speculator of another tokenizer reads the instruction again in its own tokens; selection reads the base's."""
+    from spcli.engine.load import load_stack
+    from spcli.engine.prepare import prepare
+
+    stack = load_stack(str(tiny_other_dir), "smollm2-135m", "float32", "cpu", with_base=False)
+    cfg = RunConfig(inputs=("x",), out="y", model=str(tiny_other_dir), speculator="smollm2-135m",
+                    select=SelectConfig(keep=0.2, chunk=8, keep_last=8, min_tokens=64, min_free=0),
+                    score=ScoreConfig(window=8, lookahead=0, score_layers="14", pool=1, rows="mean"))
+    (req,) = prepare([record()], cfg, stack)
+    spec_tok = stack.speculator_tokens.tokenizer
+    assert req.restated == spec_tok(INSTRUCTION, add_special_tokens=False)["input_ids"]
+    assert req.speculator_prompt == req.speculator_ids + req.restated
+    assert req.importance.shape == (len(req.token_ids),) and int(req.kept.max()) < len(req.token_ids)
