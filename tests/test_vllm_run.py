@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -254,14 +255,25 @@ def test_resume_after_sigterm_to_the_process_group(pruned_run, shared_engine, ch
     env = {k: v for k, v in CLEAN_ENV.items() if k not in cpu_env_defaults(1)}  # the engine's defaults apply
     proc = subprocess.Popen([sys.executable, "-c", main, "run", *args], env={**env, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # each pipe read as it comes: the first batch's INFO line ("scored ...") is logged just before its commit, so
+    # the signal lands while the later rows still run (polling the manifest alone once sent it after the run
+    # had ended, on a fast machine: the process then died of the signal, outside spcli's handler)
+    out_lines, err_lines = [], []
+    readers = [threading.Thread(target=lambda f=f, acc=acc: acc.extend(f), daemon=True)
+               for f, acc in ((proc.stdout, out_lines), (proc.stderr, err_lines))]
+    for reader in readers:
+        reader.start()
     try:
         deadline = time.monotonic() + 240
         while proc.poll() is None and time.monotonic() < deadline:
-            if (out / "manifest.json").exists() and _committed(out) > 0:
+            if any(line.startswith("INFO scored ") for line in list(err_lines)) or _committed(out) > 0:
                 os.killpg(proc.pid, signal.SIGTERM)
                 break
-            time.sleep(0.1)
-        stdout, stderr = proc.communicate(timeout=120)
+            time.sleep(0.02)
+        proc.wait(timeout=120)
+        for reader in readers:
+            reader.join(timeout=30)
+        stdout, stderr = "".join(out_lines), "".join(err_lines)
     finally:
         _kill_group(proc.pid)
     bind = cpu_env_defaults(1)["VLLM_CPU_OMP_THREADS_BIND"]
