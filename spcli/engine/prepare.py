@@ -5,6 +5,7 @@ The engines differ only in how the base model generates from the result (hf_pass
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from spcli.engine.align import carry
 from spcli.engine.batching import length_groups
 from spcli.engine.load import ModelStack
 from spcli.engine.request import PrunedRequest
-from spcli.engine.restate import prompt_part, restated_ids
+from spcli.engine.restate import prompt_part, restated_for
 from spcli.engine.select import is_pruned, select_tokens
 from spcli.engine.speculate import Speculation, speculate_batch
 from spcli.engine.tokenize import cross_tokenize, tokenize, tokenize_units
@@ -48,9 +49,7 @@ def request_for(rec: Record, cfg: RunConfig, stack: ModelStack) -> PrunedRequest
                                                           spec.max_positions, cfg.select)
     restated = None
     if prunes and cfg.score.restate and rec.protected:
-        spec_len = len(ids if spec_ids is None else spec_ids)
-        limit = min(stack.max_positions if spec is None else spec.max_positions, stack.max_prompt_len or 1 << 30)
-        restated = restated_ids(rec.protected, stack.tokenizer if spec is None else spec.tokenizer, limit - spec_len)
+        restated = restated_for(stack, rec.protected, len(ids if spec_ids is None else spec_ids))
     temperature = rec.temperature if rec.temperature is not None else cfg.generate.temperature
     return PrunedRequest(
         record_id=rec.id, token_ids=ids, kept=torch.arange(len(ids)), max_tokens=max_tokens,
@@ -81,7 +80,7 @@ def start_prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_s
     ready = [i for i, r in enumerate(out) if isinstance(r, PrunedRequest)]
     scoring = start_prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop,
                           cfg.speculator_chunk, with_unpooled, overlap)
-    return Scoring(scoring.requests, scoring.todo, scoring.select, scoring.speculation, (out, ready))
+    return dataclasses.replace(scoring, prepared=(out, ready))
 
 
 SPECULATOR_BATCH_TOKENS = 32768  # padded tokens per speculator forward

@@ -30,6 +30,15 @@ def restated_ids(texts: tuple[str, ...], tokenizer, room: int) -> list[int] | No
     return ids[len(ids) - take :] if take > 0 else None
 
 
+def restated_for(stack, texts: tuple[str, ...], speculator_len: int) -> list[int] | None:
+    """`restated_ids` for a prompt of `speculator_len` speculator tokens read by `stack` (a ModelStack): in the
+    speculator's own tokenizer where it has one, within its positions and the engine's prompt bound."""
+    spec = stack.speculator_tokens
+    tokenizer, positions = (stack.tokenizer, stack.max_positions) if spec is None else (spec.tokenizer, spec.max_positions)
+    limit = min(positions, stack.max_prompt_len or 1 << 30)
+    return restated_ids(texts, tokenizer, limit - speculator_len)
+
+
 def prompt_part(spec: Speculation, n: int) -> Speculation:
     """A Speculation over prompt + restated tokens cut to the prompt's first n tokens."""
     if spec.importance.numel() == n:

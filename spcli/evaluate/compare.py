@@ -21,7 +21,7 @@ import torch
 from spcli.engine import hf_pass, load
 from spcli.engine.load import ModelStack
 from spcli.engine.request import Generation, PrunedRequest
-from spcli.engine.restate import restated_ids
+from spcli.engine.restate import restated_for
 from spcli.engine.select import is_over_budget
 from spcli.engine.tokenize import Layout, cross_tokenize, tokenize, tokenize_units
 from spcli.evaluate import metrics
@@ -125,16 +125,15 @@ def example_signals(m: ModelStack, example: Example, ids: list[int], cfg: EvalCo
     speculator of another tokenizer reads the example in its own tokens; its signals are carried to `ids`."""
     if not (any(s in USES_SPECULATOR for s in cfg.selectors) and cfg.pruned_keeps and len(ids) >= cfg.select.min_tokens):
         return None
-    spec_ids, alignment, tokenizer, max_positions = ids, None, m.tokenizer, m.max_positions
+    spec_ids, alignment = ids, None
     if (spec := m.speculator_tokens) is not None:
         record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
         base_ids, spec_ids, alignment, _ = cross_tokenize(record, m.tokenizer, spec.tokenizer, len(ids), "error",
                                                        speculator_max_positions=spec.max_positions)
         assert base_ids == ids, "prompt_ids and cross_tokenize read the example alike"
-        tokenizer, max_positions = spec.tokenizer, spec.max_positions
     restated = None  # the instruction read again after the prompt, as spcli run's request_for does
     if cfg.score.restate and example.protected:
-        restated = restated_ids(example.protected, tokenizer, max_positions - len(spec_ids))
+        restated = restated_for(m, example.protected, len(spec_ids))
     signals = speculator_signals(m.speculator, spec_ids + (restated or []), cfg.score, m.speculator_eos_ids, m.device,
                                  with_surprisal="self-information" in cfg.selectors,
                                  with_paper="specprefill-paper" in cfg.selectors, chunk=cfg.speculator_chunk,
