@@ -41,7 +41,7 @@ from spcli.engine.capture import QueryCapture
 from spcli.engine.load import ModelStack, load_stack, parse_self
 from spcli.engine.select import select_tokens
 from spcli.engine.speculate import speculate
-from spcli.engine.tokenize import tokenize, tokenize_units
+from spcli.engine.tokenize import encode, kept_positions, tokenize, units_of
 from spcli.errors import SpcliError
 from spcli.evaluate.compare import needle_spans
 from spcli.evaluate.metrics import FACT_MEASURES, covered
@@ -198,14 +198,10 @@ def _units(tokenizer, max_positions: int, example: Example, ids: list[int], cfg:
     """Per chunk setting, the example's selection units as `spcli run` makes them (None at --unit chunk)."""
     if cfg.select.unit == "chunk":
         return None
-    record = Record(0, 0, example.id, prompt=example.prompt, messages=example.messages)
-    out = {}
-    for chunk in cfg.chunks:
-        select = dataclasses.replace(cfg.select, chunk=chunk)
-        same, layout = tokenize_units(record, tokenizer, max_positions - GENERATION_ROOM, "error", "", select)
-        assert same == ids, "tokenize and tokenize_units read the example alike"
-        out[chunk] = layout.units
-    return out
+    enc = encode(Record(0, 0, example.id, prompt=example.prompt, messages=example.messages), tokenizer)  # once
+    kept = kept_positions(len(enc.ids), max_positions - GENERATION_ROOM, "error")
+    assert [enc.ids[i] for i in kept] == ids, "tokenize and encode read the example alike"
+    return {chunk: units_of(enc, kept, dataclasses.replace(cfg.select, chunk=chunk)) for chunk in cfg.chunks}
 
 
 def _paper_recall(m: ModelStack, ids, spans, cfg: CalibrateConfig) -> tuple[list[float], float]:
