@@ -28,9 +28,12 @@ class LoadedModel:
 
 
 def load_causal_lm(path: Path, dtype: str, device: torch.device) -> LoadedModel:
+    """The checkpoint as a transformers model on `device` (on the CPU, this process's malloc then keeps freed
+    memory for the next pass: cpu_memory.py)."""
     from transformers import AutoModelForCausalLM
 
     impl = capture.register()
+    _keep_cpu_memory(device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=TORCH_DTYPES[dtype], attn_implementation=impl, local_files_only=True,
@@ -40,6 +43,13 @@ def load_causal_lm(path: Path, dtype: str, device: torch.device) -> LoadedModel:
         raise ModelError(f"cannot load model from {path}: {e}") from e
     model.eval()
     return LoadedModel(model, path, model.config.num_hidden_layers)
+
+
+def _keep_cpu_memory(device: torch.device) -> None:
+    if device.type == "cpu":
+        from spcli.cpu_memory import keep_freed_memory
+
+        keep_freed_memory()
 
 
 def load_tokenizer(path: Path):
@@ -65,6 +75,7 @@ def load_prefix(path: Path, num_layers: int, dtype: str, device: torch.device, t
         )
     from transformers import AutoModelForCausalLM
 
+    _keep_cpu_memory(device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, num_hidden_layers=num_layers, dtype=TORCH_DTYPES[dtype], attn_implementation=capture.register(),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from spcli import models
 from spcli.config import RunConfig
+from spcli.cpu_memory import MALLOC_ENV
 
 CPU_ENV_KVCACHE_GIB = "2"
 
@@ -63,7 +64,8 @@ def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool, dtype: str | Non
 
 def cpu_env_defaults(tp: int) -> dict[str, str]:
     """vLLM CPU settings when unset: bind OpenMP to every CPU this process may use (vLLM's
-    "auto" takes one per physical core, a single core on small machines), split across ranks."""
+    "auto" takes one per physical core, a single core on small machines), split across ranks; malloc
+    keeping freed memory in vLLM's processes (cpu_memory.py)."""
     cpus = sorted(os.sched_getaffinity(0))
     per_rank = max(1, len(cpus) // tp)
     groups = [cpus[r * per_rank : (r + 1) * per_rank] or cpus[-1:] for r in range(tp)]
@@ -72,4 +74,5 @@ def cpu_env_defaults(tp: int) -> dict[str, str]:
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "OMP_NUM_THREADS": str(per_rank),
         "VLLM_CPU_KVCACHE_SPACE": CPU_ENV_KVCACHE_GIB,  # GiB of KV cache per rank
+        **MALLOC_ENV,
     }
