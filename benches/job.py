@@ -9,7 +9,8 @@ template) as one JSONL shard, then one process each, one after the other, timed 
 
     plain vLLM      this script's --plain mode: `LLM.generate` of all N token-id prompts at once, full
                     prefill, the dtype and engine settings `spcli run --engine vllm` gives its base
-                    (spcli.engine.vllm_args), the same stop tokens, every CPU bound (vllm_args.cpu_env_defaults)
+                    (spcli.engine.vllm_args), the same stop tokens, every CPU bound and malloc keeping freed memory, as
+                    spcli's vLLM processes get them (vllm_args.cpu_env_defaults)
     spcli ENGINE    `spcli run SHARD --out DIR --engine ENGINE --keep K --max-tokens M`, every other flag at its
                     default (--model/--speculator only where given), per --engines entry
     spcli vllm @1   the same at --keep 1.0 (no speculator): what the loop itself costs against plain vLLM

@@ -20,6 +20,8 @@ from spcli.io.records import Record, shard_kind, where
 from spcli.io.schema import RowResult
 from spcli.stop import StopAtSafePoint
 
+STOP_POLL_S = 0.5  # how often a stop is looked for while the loop waits for vLLM to start
+
 
 def where_of(rec: Record, shard_paths: dict[int, str]) -> str:
     """How an error names a record: `file:line N` (JSONL, 1-based) or `file:row N` (Parquet)."""
@@ -119,7 +121,10 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
 
     `overlap` (--speculator-overlap): a window's speculator pass is submitted to the workers' own threads and
     collected once done, while vLLM steps meanwhile (at most one window scoring at a time); it is waited for
-    only when vLLM has nothing else to run. Without it, each window is scored before the loop steps again."""
+    only when vLLM has nothing else to run. Without it, each window is scored before the loop steps again.
+
+    While vLLM is still starting (`stream.is_ready()` false: a background start, vllm_start.py), windows are
+    scored ahead up to stream.head_start() prompts, then the loop waits for vLLM and submits them."""
     pending: deque[tuple[Record, PrunedRequest, float]] = deque()  # prepared, not yet in the engine
     scoring: deque[tuple[Prepared, float]] = deque()  # windows whose speculator pass is under way
     started: dict[str, tuple] = {}  # key -> (record, request, when its window was read, when it was submitted)
@@ -133,7 +138,9 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
             scoring.clear()  # likewise (a worker finishes its job; nobody collects it)
         size = tokens / count if count else 0
         num_scoring = sum(len(p.records) for p, _ in scoring)
-        if not is_exhausted and not scoring and len(pending) + num_scoring < stream.capacity(size):
+        is_ready = stream.is_ready()  # vLLM has started (a background start: vllm_start.py)
+        ahead = stream.capacity(size) if is_ready else stream.head_start()
+        if not is_exhausted and not scoring and len(pending) + num_scoring < ahead:
             batch = list(islice(records, window or stream.window(prompt_tokens / count if count else 0, size)))
             is_exhausted = not batch
             if batch:
@@ -147,7 +154,7 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
                     yield rec, item
                 else:
                     pending.append((rec, item, t0))
-        while pending and stream.num_in_flight < stream.limit(size):
+        while pending and is_ready and stream.num_in_flight < stream.limit(size):
             rec, req, t0 = pending.popleft()
             try:
                 key = stream.submit(req)
@@ -160,6 +167,11 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
         if not stream.num_in_flight:
             if is_exhausted and not pending and not scoring:
                 return
+            if not is_ready and not scoring and (is_exhausted or len(pending) >= ahead):
+                on_stage(f"waiting for vLLM to start, {len(pending)} rows scored")
+                while not stream.wait(STOP_POLL_S):  # nothing more to do before it is up (a failed start: raised
+                    if should_stop():  # at the first submit)
+                        raise StopAtSafePoint
             continue
         if should_stop():
             raise StopAtSafePoint

@@ -122,7 +122,7 @@ def run(
     enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager", help="vllm: skip torch.compile and CUDA graphs (faster start-up). Default: eager on CPU only.")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="vllm: most requests in one scheduler step. Default: vLLM's.")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="vllm: auto (the model's dtype) or fp8 (half the KV bytes per token).")] = "auto",
-    speculator_placement: Annotated[str, typer.Option(help="vllm: workers (a speculator replica on every GPU, each scoring its share of a batch) or driver (one copy in this process, on --device).")] = "workers",
+    speculator_placement: Annotated[str, typer.Option(help="vllm: workers (a speculator replica on every GPU, each scoring its share of a batch), driver (one copy in this process, on --device; on a CPU it scores while vLLM starts) or auto (workers on GPUs, driver on a CPU).")] = "auto",
     speculator_overlap: Annotated[str, typer.Option(help="vllm, workers: on = each replica scores the next window on a thread (and CUDA stream) of its own while vLLM runs the current one; off = scoring and vLLM's steps take turns; auto = on with GPUs, off on CPU (no spare cores).")] = "auto",
 ) -> None:
     """Run Speculative Prefill over prompt shards; write outputs and kept-token masks to --out.

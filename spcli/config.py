@@ -15,7 +15,7 @@ from spcli.errors import ConfigError
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: per device (spcli.dtype)
 ENGINES = ("hf", "vllm")
 KV_CACHE_DTYPES = ("auto", "fp8")
-PLACEMENTS = ("workers", "driver")  # where the speculator runs on --engine vllm
+PLACEMENTS = ("auto", "workers", "driver")  # where the speculator runs on --engine vllm (auto: spcli.resolved)
 OVERLAPS = ("auto", "on", "off")  # --speculator-overlap: auto = on with GPU workers, off on CPU (spcli.engine.replica_queue)
 ROWS = ("mean", "max")  # how spcli.kernels.score combines the query rows' scores
 OUTPUT_FORMATS = ("parquet", "jsonl", "openai")
@@ -224,7 +224,7 @@ class VllmConfig:
     enforce_eager: bool | None = None  # None = eager on CPU (compiling costs minutes), compiled on GPU
     max_num_seqs: int | None = None  # requests in one scheduler step; None = vLLM's
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8: half the KV bytes (changes outputs: fingerprinted)
-    speculator_placement: str = "workers"  # workers: a replica in every vLLM worker; driver: this process
+    speculator_placement: str = "auto"  # workers: a replica in every vLLM worker; driver: this process; auto: resolved.placement_for
     speculator_overlap: str = "auto"  # workers score window k + 1 on their own thread while vLLM runs window k
 
     def __post_init__(self) -> None:
@@ -235,8 +235,8 @@ class VllmConfig:
                f"--speculator-placement must be one of {', '.join(PLACEMENTS)}, got {self.speculator_placement!r}")
         _check(self.speculator_overlap in OVERLAPS,
                f"--speculator-overlap must be one of {', '.join(OVERLAPS)}, got {self.speculator_overlap!r}")
-        _check(self.speculator_overlap != "on" or self.speculator_placement == "workers",
-               "--speculator-overlap on needs --speculator-placement workers (the replicas' own threads)")
+        _check(self.speculator_overlap != "on" or self.speculator_placement != "driver",
+               "--speculator-overlap on needs the speculator in vLLM's workers (--speculator-placement workers or auto: the replicas' own threads)")
         _check(self.tp is None or self.tp >= 1, f"--tp must be >= 1, got {self.tp}")
         _check(self.max_model_len is None or self.max_model_len >= 1, f"--max-model-len must be >= 1, got {self.max_model_len}")
         _check(self.max_prompt_len is None or self.max_prompt_len >= 1, f"--max-prompt-len must be >= 1, got {self.max_prompt_len}")

@@ -3,7 +3,8 @@
 `resolve_run(cfg)` answers each question about a RunConfig once: the base model's folder (models.locate), the
 speculator (models.default_speculator) and, where a separate one will run, its folder; the scoring settings
 and where they came from (spcli.profiles); the device (spcli.device, NVML only) and the dtype and why
-(spcli.dtype, per engine); and which path scores the base's tokens. It reads configs and tokenizers, no
+(spcli.dtype, per engine); where the vLLM engine's speculator runs (`placement_for`); and which path scores
+the base's tokens. It reads configs and tokenizers, no
 weights. The banner, the manifest's fingerprint, the vLLM engine's memory plan and both engines read the
 ResolvedRun; none of them locates or picks anything again.
 """
@@ -43,6 +44,15 @@ class ResolvedRun:
         return self.cfg.select.prunes
 
 
+def placement_for(setting: str, device: torch.device, overlap: str) -> str:
+    """--speculator-placement auto: `workers` on GPUs (a replica per GPU, each scoring its share) and wherever
+    --speculator-overlap is on (the replicas' own threads); `driver` on a CPU, whose cores vLLM's workers and
+    this process share anyway, and where the driver's copy scores while vLLM starts (vllm_engine.py)."""
+    if setting != "auto":
+        return setting
+    return "workers" if device.type != "cpu" or overlap == "on" else "driver"
+
+
 def resolve_run(cfg: RunConfig) -> ResolvedRun:
     """`cfg` resolved; a model or speculator that is not on this machine is refused here (a keep 1.0 run never
     locates its speculator)."""
@@ -52,6 +62,8 @@ def resolve_run(cfg: RunConfig) -> ResolvedRun:
     device = pick_device(cfg.device)
     dtype, dtype_why = resolve_dtype(cfg.dtype, cfg.model, device, engine=cfg.engine)
     cfg = dataclasses.replace(cfg, dtype=dtype)  # every engine loads what the fingerprint records
+    placement = placement_for(cfg.vllm.speculator_placement, device, cfg.vllm.speculator_overlap)
+    cfg = dataclasses.replace(cfg, vllm=dataclasses.replace(cfg.vllm, speculator_placement=placement))
     prunes = cfg.select.prunes
     speculator_path = models.locate(speculator) if prunes and parse_self(speculator) is None else None
     scoring = scoring_path(model_path, speculator, speculator_path) if prunes else None

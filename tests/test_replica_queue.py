@@ -110,7 +110,8 @@ def test_overlap_on_needs_the_workers_placement():
     from spcli.config import VllmConfig
     from spcli.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="needs --speculator-placement workers"):
+    with pytest.raises(ConfigError, match="needs the speculator in vLLM's workers"):
         VllmConfig(speculator_overlap="on", speculator_placement="driver")
+    VllmConfig(speculator_overlap="on")  # placement auto: resolved to workers (resolved.placement_for)
     with pytest.raises(ConfigError, match="--speculator-overlap must be one of auto, on, off"):
         VllmConfig(speculator_overlap="yes")

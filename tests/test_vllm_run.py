@@ -147,10 +147,10 @@ def pruned_run(vllm_base, chat_jsonl, tiny_dir, tmp_path_factory) -> dict[str, d
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(spcli.run, "build_engine", lambda cfg: engines.append(VllmEngine(cfg, runner=vllm_base)) or engines[-1])
         code, output, exc = spcli_run(str(chat_jsonl), "--out", str(out), "--engine", "vllm",
-                                      "--speculator", str(tiny_dir), *COMMON, *PRUNED)
+                                      "--speculator", str(tiny_dir), *COMMON, *PRUNED, "--speculator-placement", "workers")
     assert code == 0, (output, exc)
     assert "done: 6 rows (0 failed)" in output
-    # the default placement: the speculator ran in vLLM's worker (rank 0 of 1); the driver loaded none
+    # the speculator ran in vLLM's worker (rank 0 of 1); the driver loaded none
     assert engines[0].placement == "workers" and engines[0].stack.speculate_remote.ranks_used == [0]
     assert engines[0].stack._speculator is None
     assert "speculator in vLLM's workers (one replica per GPU)" in output
@@ -235,7 +235,7 @@ def test_driver_placement_keeps_what_the_workers_keep(pruned_run, shared_engine,
     code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "driver"), "--engine", "vllm",
                                   "--speculator", str(tiny_dir), *COMMON, *PRUNED, "--speculator-placement", "driver")
     assert code == 0, (output, exc)
-    assert "speculator in this process (--speculator-placement driver)" in output
+    assert "speculator in this process, scoring while vLLM starts (--speculator-placement driver)" in output
     rows = read_rows(tmp_path / "driver")
     assert rows.keys() == pruned_run.keys()
     for rid, row in rows.items():
@@ -334,7 +334,7 @@ def test_self_with_early_exit_keeps_what_the_hf_engine_keeps(vllm_base, chat_jso
         mp.setattr(load, "load_prefix", spy)  # seen in this process only: the driver placement's load
         mp.setattr(spcli.run, "build_engine", lambda cfg: engines.append(VllmEngine(cfg, runner=vllm_base)) or engines[-1])
         code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "vllm"), "--engine", "vllm",
-                                      *COMMON, *PRUNED, *self_args)
+                                      *COMMON, *PRUNED, *self_args, "--speculator-placement", "workers")
         assert code == 0, (output, exc)
         assert loaded == [] and engines[0].source.num_layers == 11  # workers: each replica loads 11 layers
         code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "driver"), "--engine", "vllm",
@@ -396,7 +396,7 @@ def test_tensor_parallel_2_shares_the_speculator_between_both_ranks(tmp_path_fac
     score = ScoreConfig(lookahead=0, window=8, score_layers="1", pool=3, rows="mean")
     cfg = RunConfig(inputs=("-",), out="-", model=str(base), speculator=str(spec), engine="vllm", dtype="float32",
                     select=SelectConfig(keep=0.3, min_tokens=16, chunk=8, unit="chunk", min_free=0), score=score,
-                    vllm=VllmConfig(tp=2))
+                    vllm=VllmConfig(tp=2, speculator_placement="workers"))
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (300, 200, 250, 120)]
     with pytest.MonkeyPatch.context() as mp:
@@ -582,7 +582,7 @@ def test_a_vllm_run_resolves_once_and_makes_its_stack_once(shared_engine, monkey
     monkeypatch.setattr(load.ModelStack, "__init__", lambda self, *a, **k: made.append(k) or make(self, *a, **k))
     counts = count_resolvers(monkeypatch)
     code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "out"), "--engine", "vllm",
-                                  "--speculator", str(tiny_dir), *COMMON, *PRUNED)
+                                  "--speculator", str(tiny_dir), *COMMON, *PRUNED, "--speculator-placement", "workers")
     assert code == 0, (output, exc)
     assert "done: 6 rows (0 failed)" in output
     assert (counts["locate"], counts["default_speculator"], counts["pick_device"], counts["resolve_dtype"]) == (2, 0, 1, 1)
@@ -594,12 +594,51 @@ def test_the_default_speculator_window_fills_a_speculator_pass_within_what_vllm_
     """Without --batch-size, vllm's window comes from the plan's numbers: 32,768 padded tokens per worker's batched
     speculator pass at the prompts' mean length, never more than vLLM runs at once, 8 per worker before any is seen."""
     from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS
+    from spcli.engine.vllm_start import StartingRunner
     from spcli.engine.vllm_stream import FIRST_WINDOW, VllmStream
 
-    stream = VllmStream(vllm_base)
+    stream = VllmStream(StartingRunner.of(vllm_base), 1)
     per_request = 300.0  # kept + generated tokens
     capacity = stream.capacity(per_request)
     assert stream.window(0, per_request) == min(FIRST_WINDOW, capacity)
     assert stream.window(1024, per_request) == min(SPECULATOR_BATCH_TOKENS // 1024, capacity)
     assert stream.window(SPECULATOR_BATCH_TOKENS * 3, per_request) == 1  # a prompt longer than a pass goes alone
     assert stream.window(16, 1e9) == 1  # a KV cache that holds one request: a window of one
+
+
+@needs_vllm
+def test_the_driver_scores_while_vllm_starts(pruned_run, vllm_base, monkeypatch, chat_jsonl, tiny_dir, tmp_path):
+    """The default on a CPU (--speculator-placement auto -> driver): vLLM starts on a thread of its own
+    (vllm_start.py) and the job loop scores windows meanwhile, up to its head start, then submits them once vLLM
+    is up. Here vLLM's start ends only once the 6 rows are scored (or after 120 s): every speculator pass ran
+    before it, and the rows are the workers placement's."""
+    import threading
+
+    import spcli.run
+    from spcli.engine import prepare
+    from spcli.engine.vllm_engine import VllmEngine
+    from spcli.engine.vllm_start import StartingRunner
+
+    scored, gate = [], threading.Event()
+    speculate = prepare.speculate_prompts
+
+    def counted(model, prompts, *a, **k):
+        out = speculate(model, prompts, *a, **k)
+        scored.append((len(prompts), starting.done()))
+        if sum(n for n, _ in scored) == 6:
+            gate.set()
+        return out
+
+    starting = StartingRunner(lambda: gate.wait(120) and vllm_base)
+    engines = []
+    monkeypatch.setattr(prepare, "speculate_prompts", counted)
+    monkeypatch.setattr(spcli.run, "build_engine", lambda run: engines.append(VllmEngine(run, runner=starting)) or engines[-1])
+    code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "head"), "--engine", "vllm",
+                                  "--speculator", str(tiny_dir), *COMMON, *PRUNED)  # windows of 2
+    assert code == 0, (output, exc)
+    assert engines[0].placement == "driver" and engines[0].in_background
+    assert sum(n for n, _ in scored) == 6 and not any(done for _, done in scored), scored  # all before vLLM was up
+    rows = read_rows(tmp_path / "head")
+    assert rows.keys() == pruned_run.keys()
+    for rid, row in rows.items():
+        assert (row["kept_indices"], row["output"]) == (pruned_run[rid]["kept_indices"], pruned_run[rid]["output"]), rid

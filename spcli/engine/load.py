@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,10 @@ def _keep_cpu_memory(device: torch.device) -> None:
         keep_freed_memory()
 
 
+@functools.lru_cache(maxsize=8)
 def load_tokenizer(path: Path):
+    """The folder's tokenizer, read once per process (~1 s each for Qwen's: spcli.resolved reads the base's
+    and the speculator's to tell their tokenizers apart, the engines read them again). Shared: never mutated."""
     from transformers import AutoTokenizer
 
     try:

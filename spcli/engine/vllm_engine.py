@@ -41,6 +41,7 @@ from spcli.engine.replica_queue import overlaps
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.engine.vllm_args import cpu_env_defaults, engine_args, read_model_config
 from spcli.engine.vllm_refusals import base_quantization, refuse_speculator, stored_quantization
+from spcli.engine.vllm_start import StartingRunner
 from spcli.errors import ConfigError, EngineDied, RecordError
 from spcli.plan.memory import GiB
 from spcli.resolved import ResolvedRun, resolve_run
@@ -56,7 +57,8 @@ def self_layers(speculator: str, score: ScoreConfig, num_layers: int) -> int:
 class VllmEngine:
     def __init__(self, run: ResolvedRun | RunConfig, log=lambda msg: None, runner=None):
         """`run`: the resolved run (spcli.resolved; a RunConfig is resolved here: tests, benches). `runner`: an
-        already started VllmRunner to reuse (tests, benches); else one is started here.
+        already started VllmRunner to reuse, or a vllm_start.StartingRunner (tests, benches); else one is started
+        here: on a thread of its own where the speculator is in this process on the CPU (vllm_start.py).
 
         The stack is made once, complete, after the runner: the driver placement's device (the resolved one,
         NVML's count, no CUDA before vLLM starts; the workers placement holds no model here: CPU, for
@@ -90,16 +92,25 @@ class VllmEngine:
             tokens = load.speculator_tokens(base.tokenizer, name, run.speculator_path)
         self.owns_runner = runner is None
         max_prompt_len = cfg.vllm.max_prompt_len  # an already started runner: the flag's bound, no reserve here
+        self.in_background = runner is None and self.placement == "driver" and device.type == "cpu"
+        self.threads = torch.get_num_threads()  # this process's; one fewer while vLLM starts beside it
         if runner is None:
-            runner, max_prompt_len = self._start_runner(platform, base, device)
-        self.runner = runner
+            make, max_prompt_len, self.num_ranks = self._runner_maker(platform, base, device)
+            if self.in_background:  # vLLM's start runs mostly on one core: the speculator leaves it that one
+                torch.set_num_threads(max(1, self.threads - 1))
+            self.starting = StartingRunner(make) if self.in_background else StartingRunner.of(make())
+        else:  # a started runner, or one starting (a StartingRunner: tests)
+            self.starting = runner if isinstance(runner, StartingRunner) else StartingRunner.of(runner)
+            self.in_background = not self.starting.done()
+            self.num_ranks = engine_args(cfg, base.path, platform.is_cpu(), self.dtype)["tensor_parallel_size"]
         remote = None
         if self.placement == "workers" and self.source is not None:
-            remote = WorkerSpeculator(runner.llm, self.source, base.eos_ids if tokens is None else tokens.eos_ids)
+            remote = WorkerSpeculator(self.runner.llm, self.source, base.eos_ids if tokens is None else tokens.eos_ids)
         self.stack = load.open_stack(
             base, cfg.model, name, self.dtype, device, with_base=False, needs_speculator=False,  # source checked it
             speculator_path=run.speculator_path, speculator_tokens=tokens, speculator_layers=layers,
-            max_positions=runner.max_positions, speculate_remote=remote, max_prompt_len=max_prompt_len,
+            max_positions=base.max_positions if self.in_background else self.runner.max_positions,
+            speculate_remote=remote, max_prompt_len=max_prompt_len,
             prompt_len_flag="--max-prompt-len (it sizes the speculator's share of the GPU)" if max_prompt_len else "")
         self.overlap = overlaps(cfg.vllm.speculator_overlap, platform.is_cpu(), remote is not None)
         if remote is not None:
@@ -107,8 +118,14 @@ class VllmEngine:
                      f"{cfg.vllm.speculator_overlap}): the workers score the next window "
                      + ("while vLLM runs this one" if self.overlap else "between vLLM's steps"))
 
-    def _start_runner(self, current_platform, base: load.BaseFiles, device):
-        """(the runner, the longest prompt the speculator's reserve is sized for, or None without a reserve)."""
+    @property
+    def runner(self):
+        """The started VllmRunner (waits while vLLM starts in the background; its start's error is raised here)."""
+        return self.starting.result()
+
+    def _runner_maker(self, current_platform, base: load.BaseFiles, device):
+        """(what starts the runner, the longest prompt the speculator's reserve is sized for or None without a
+        reserve, the number of ranks): everything but vLLM's start itself is decided here, on the caller's thread."""
         from spcli.engine.vllm_pass import VllmRunner, VllmRunnerConfig
 
         args = engine_args(self.cfg, base.path, current_platform.is_cpu(), self.dtype)
@@ -125,8 +142,10 @@ class VllmEngine:
             where = "on every GPU" if self.placement == "workers" else f"on {device}"
             self.log(f"speculator reserve {share.reserve.total / GiB:.1f} GiB of {total / GiB:.1f} GiB {where}: "
                      f"gpu_memory_utilization={share.gpu_memory_utilization} (spcli plan shows the terms)")
-        self.log("starting vLLM: " + ", ".join(f"{k}={v}" for k, v in args.items() if k != "engine_kwargs"))
-        return VllmRunner(VllmRunnerConfig(**args), base.tokenizer, base.eos_ids), max_prompt_len
+        self.log(("starting vLLM in the background: " if self.in_background else "starting vLLM: ")
+                 + ", ".join(f"{k}={v}" for k, v in args.items() if k != "engine_kwargs"))
+        config = VllmRunnerConfig(**args)
+        return lambda: VllmRunner(config, base.tokenizer, base.eos_ids), max_prompt_len, config.tensor_parallel_size
 
     def _shares_gpu(self, tp: int, device) -> bool:
         """The speculator sits on vLLM's GPUs (workers: all of them; driver: --device, if one of 0 .. tp-1)
@@ -165,15 +184,19 @@ class VllmEngine:
                                 DTYPE_BYTES[self.dtype])
 
     def check(self, req: PrunedRequest) -> None:
-        self.runner.check(req)  # e.g. kept + max_tokens > max_model_len
+        runner = self.starting.started()
+        if runner is not None:  # while vLLM starts, its stream checks each request as it is submitted
+            runner.check(req)  # e.g. kept + max_tokens > max_model_len
 
     def generate(self, requests: list[PrunedRequest], should_stop=lambda: False) -> list[Generation | RecordError]:
         """should_stop is not asked: a vLLM batch runs to its end (a signal to vLLM's processes drops it)."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         try:
-            with _raise_if_engine_dies(self.runner.llm):
-                return self.runner.generate(requests)
+            with _raise_if_engine_dies(self.starting):
+                runner = self.runner
+                torch.set_num_threads(self.threads)  # vLLM is up: all of them again (--retry-failed's batches)
+                return runner.generate(requests)
         except (RuntimeError, EngineDeadError) as e:  # EngineDeadError is not a RuntimeError
             _raise_engine_died(e)
             raise
@@ -186,9 +209,9 @@ class VllmEngine:
 
         from spcli.engine.vllm_stream import VllmStream
 
-        stream = VllmStream(self.runner)
+        stream = VllmStream(self.starting, self.num_ranks, on_ready=lambda: torch.set_num_threads(self.threads))
         try:
-            with _raise_if_engine_dies(self.runner.llm):
+            with _raise_if_engine_dies(self.starting):
                 yield stream
         except (RuntimeError, EngineDeadError) as e:
             _raise_engine_died(e)
@@ -200,8 +223,13 @@ class VllmEngine:
                 pass
 
     def close(self) -> None:
+        """Stop vLLM where this engine started it (after its start, where that is still under way)."""
         if self.owns_runner:
-            self.runner.close()
+            try:
+                runner = self.runner
+            except Exception:  # noqa: BLE001 (a start that failed left nothing running; its error was raised)
+                return
+            runner.close()
 
 
 class WorkerSpeculator:
@@ -306,20 +334,30 @@ def _raise_engine_died(e: BaseException) -> None:
 
 
 @contextmanager
-def _raise_if_engine_dies(llm, poll_s: float = 1.0):
+def _raise_if_engine_dies(target, poll_s: float = 1.0):
     """vLLM 0.32's sync client marks a dead engine core (`resources.engine_dead`) but leaves `generate`
-    blocked on its output queue, and a `collective_rpc` on its reply, for ever; hand both the error."""
+    blocked on its output queue, and a `collective_rpc` on its reply, for ever; hand both the error.
+    `target`: an LLM, or a StartingRunner (watched once it has started)."""
     from vllm.v1.engine.exceptions import EngineDeadError
 
-    client = llm.llm_engine.engine_core
-    resources, outputs = getattr(client, "resources", None), getattr(client, "outputs_queue", None)
-    pending = getattr(client, "utility_results", {})  # call id -> Future of each utility call in flight
-    if resources is None or outputs is None:  # in-process engine core: its errors raise directly
-        yield
-        return
     done = threading.Event()
 
+    def llm_of():
+        if not isinstance(target, StartingRunner):
+            return target
+        while not target.done():
+            if done.wait(poll_s):
+                return None
+        runner = target.started()
+        return None if runner is None else runner.llm  # a failed start raises where the runner is asked for
+
     def watch():
+        llm = llm_of()
+        client = None if llm is None else llm.llm_engine.engine_core
+        resources, outputs = getattr(client, "resources", None), getattr(client, "outputs_queue", None)
+        pending = getattr(client, "utility_results", {})  # call id -> Future of each utility call in flight
+        if resources is None or outputs is None:  # in-process engine core: its errors raise directly
+            return
         while not done.wait(poll_s):
             if resources.engine_dead:
                 outputs.put_nowait(EngineDeadError())

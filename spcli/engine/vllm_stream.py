@@ -10,6 +10,8 @@ collected as they come (any order), instead of one blocking `LLM.generate` per b
 How many to keep in flight (`limit`): vLLM runs at most max_num_seqs requests at once, and no more than
 its KV cache holds (num_gpu_blocks x block_size tokens over each request's kept + generated tokens); the
 stream keeps twice that many queued, so the scheduler always has the next ones while the driver scores.
+While vLLM is still starting (vllm_start.py) the loop scores up to `head_start()` prompts ahead and submits
+them once `is_ready()`.
 """
 
 from __future__ import annotations
@@ -21,14 +23,42 @@ from spcli.engine.request import Generation, PrunedRequest
 
 QUEUED_SETS = 2  # running set + the next one waiting in vLLM's queue
 FIRST_WINDOW = 8  # prompts per worker in the first speculator window, before their length is known
+HEAD_START_WINDOWS = 4  # first windows scored while vLLM starts (vllm_start.py), at most
 
 
 class VllmStream:
-    def __init__(self, runner):
-        self.runner = runner
-        self.engine = runner.llm.llm_engine
+    def __init__(self, starting, num_ranks: int, on_ready=lambda: None):
+        """`starting`: the engine's vllm_start.StartingRunner (vLLM may still be starting); `num_ranks`: its workers;
+        `on_ready()`: called once, on the thread that first sees vLLM started."""
+        self.starting = starting
+        self.num_ranks = num_ranks
+        self.on_ready = on_ready
         self.keys = itertools.count()
         self.started: dict[str, tuple[PrunedRequest, float]] = {}  # key -> (request, time added)
+
+    @property
+    def runner(self):
+        return self.starting.result()
+
+    @property
+    def engine(self):
+        return self.runner.llm.llm_engine
+
+    def is_ready(self) -> bool:
+        """vLLM has started (or failed to: `runner` raises its error); no wait."""
+        if not self.starting.done():
+            return False
+        hook, self.on_ready = self.on_ready, lambda: None
+        hook()
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether vLLM has started (or failed to) within `timeout` seconds (None: until it has)."""
+        return self.starting.wait(timeout)
+
+    def head_start(self) -> int:
+        """Prompts to score ahead while vLLM starts: HEAD_START_WINDOWS first windows."""
+        return HEAD_START_WINDOWS * FIRST_WINDOW * self.num_ranks
 
     def capacity(self, tokens_per_request: float) -> int:
         """Requests vLLM runs at once: max_num_seqs, within what its KV cache holds at this request size."""
@@ -46,9 +76,10 @@ class VllmStream:
         more than vLLM runs at once (`capacity`); FIRST_WINDOW per worker before any prompt is seen."""
         from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS
 
-        ranks = int(self.engine.vllm_config.parallel_config.world_size)
         per_rank = FIRST_WINDOW if prompt_tokens <= 0 else max(1, int(SPECULATOR_BATCH_TOKENS // prompt_tokens))
-        return max(1, min(ranks * per_rank, self.capacity(tokens_per_request)))
+        if not self.is_ready():
+            return self.num_ranks * FIRST_WINDOW
+        return max(1, min(self.num_ranks * per_rank, self.capacity(tokens_per_request)))
 
     def limit(self, tokens_per_request: float) -> int:
         return QUEUED_SETS * self.capacity(tokens_per_request)
