@@ -112,11 +112,18 @@ def vllm_base(tiny_dir):
 
     cfg = RunConfig(inputs=("-",), out="-", model="smollm2-135m", speculator=str(tiny_dir), engine="vllm",
                     dtype="float32", select=SelectConfig(keep=0.3))
+    import torch
+
+    threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as mp:
         for key, value in cpu_env_defaults(1).items():
             mp.setenv(key, value)
-        engine = VllmEngine(cfg)
-        yield engine.runner
+        engine = VllmEngine(cfg)  # on this CPU: the driver placement, vLLM started on a thread of its own
+        assert engine.in_background and engine.placement == "driver"
+        assert torch.get_num_threads() == max(1, threads - 1)  # one left to vLLM's start
+        runner = engine.runner
+        assert torch.get_num_threads() == threads  # all again once vLLM is up
+        yield runner
         engine.close()
 
 

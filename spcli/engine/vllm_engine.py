@@ -121,7 +121,14 @@ class VllmEngine:
     @property
     def runner(self):
         """The started VllmRunner (waits while vLLM starts in the background; its start's error is raised here)."""
-        return self.starting.result()
+        runner = self.starting.result()
+        self._all_threads()
+        return runner
+
+    def _all_threads(self) -> None:
+        """This process's torch threads as they were before vLLM's start (called on the thread that scores)."""
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
 
     def _runner_maker(self, current_platform, base: load.BaseFiles, device):
         """(what starts the runner, the longest prompt the speculator's reserve is sized for or None without a
@@ -194,9 +201,7 @@ class VllmEngine:
 
         try:
             with _raise_if_engine_dies(self.starting):
-                runner = self.runner
-                torch.set_num_threads(self.threads)  # vLLM is up: all of them again (--retry-failed's batches)
-                return runner.generate(requests)
+                return self.runner.generate(requests)
         except (RuntimeError, EngineDeadError) as e:  # EngineDeadError is not a RuntimeError
             _raise_engine_died(e)
             raise
@@ -209,7 +214,7 @@ class VllmEngine:
 
         from spcli.engine.vllm_stream import VllmStream
 
-        stream = VllmStream(self.starting, self.num_ranks, on_ready=lambda: torch.set_num_threads(self.threads))
+        stream = VllmStream(self.starting, self.num_ranks, on_ready=self._all_threads)
         try:
             with _raise_if_engine_dies(self.starting):
                 yield stream
@@ -223,7 +228,9 @@ class VllmEngine:
                 pass
 
     def close(self) -> None:
-        """Stop vLLM where this engine started it (after its start, where that is still under way)."""
+        """Stop vLLM where this engine started it (after its start, where that is still under way); this process's
+        torch threads as they were (a run stopped while vLLM started left them one fewer)."""
+        self._all_threads()
         if self.owns_runner:
             try:
                 runner = self.runner
