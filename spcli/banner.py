@@ -27,18 +27,19 @@ def banner_lines(run: ResolvedRun, shards: list[Shard], rows_total: int | None, 
         f"speculator: {run.speculator}{f', {run.scoring}' if run.scoring else ''} ({score})"
         + (" (not used at keep 1.0)" if not cfg.select.prunes else f"; settings from {run.settings_source}"),
         f"keep: {cfg.select.keep} ({select})",
-        f"engine: {cfg.engine}, device {run.device}{placement(cfg, run.device)}, {batch_text(cfg)}",
+        f"engine: {cfg.engine}, device {run.device}{placement(run)}, {batch_text(cfg)}",
         f"output: {out} ({cfg.output_format})",
     ]
 
 
-def placement(cfg: RunConfig, device) -> str:
+def placement(run: ResolvedRun) -> str:
     """Where the speculator runs on --engine vllm (nothing to say on hf: the engine's own process)."""
+    cfg = run.cfg
     if cfg.engine != "vllm" or not cfg.select.prunes:
         return ""
     if cfg.vllm.speculator_placement == "workers":
         return ", speculator in vLLM's workers (one replica per GPU)"
-    if device.type == "cpu":
+    if run.scores_while_vllm_starts:
         return ", speculator in this process, scoring while vLLM starts (--speculator-placement driver)"
     return ", speculator in this process (--speculator-placement driver)"
 

@@ -43,6 +43,12 @@ class ResolvedRun:
     def prunes(self) -> bool:
         return self.cfg.select.prunes
 
+    @property
+    def scores_while_vllm_starts(self) -> bool:
+        """The vLLM engine's speculator is in this process on the CPU: vLLM starts on a thread of its own and the
+        job loop scores meanwhile (vllm_start.py). What the banner says and the engine does."""
+        return self.cfg.engine == "vllm" and self.cfg.vllm.speculator_placement == "driver" and self.device.type == "cpu"
+
 
 def placement_for(setting: str, device: torch.device, overlap: str) -> str:
     """--speculator-placement auto: `workers` on GPUs (a replica per GPU, each scoring its share) and wherever

@@ -92,7 +92,7 @@ class VllmEngine:
             tokens = load.speculator_tokens(base.tokenizer, name, run.speculator_path)
         self.owns_runner = runner is None
         max_prompt_len = cfg.vllm.max_prompt_len  # an already started runner: the flag's bound, no reserve here
-        self.in_background = runner is None and self.placement == "driver" and device.type == "cpu"
+        self.in_background = runner is None and run.scores_while_vllm_starts
         self.threads = torch.get_num_threads()  # this process's; one fewer while vLLM starts beside it
         if runner is None:
             make, max_prompt_len, self.num_ranks = self._runner_maker(platform, base, device)

@@ -76,9 +76,9 @@ class VllmStream:
         more than vLLM runs at once (`capacity`); FIRST_WINDOW per worker before any prompt is seen."""
         from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS
 
-        per_rank = FIRST_WINDOW if prompt_tokens <= 0 else max(1, int(SPECULATOR_BATCH_TOKENS // prompt_tokens))
         if not self.is_ready():
             return self.num_ranks * FIRST_WINDOW
+        per_rank = FIRST_WINDOW if prompt_tokens <= 0 else max(1, int(SPECULATOR_BATCH_TOKENS // prompt_tokens))
         return max(1, min(self.num_ranks * per_rank, self.capacity(tokens_per_request)))
 
     def limit(self, tokens_per_request: float) -> int:
