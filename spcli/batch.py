@@ -7,8 +7,9 @@ built here, not in the engines, which only return Generations or RecordErrors.
 
 from __future__ import annotations
 
+import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from itertools import islice
 
@@ -58,11 +59,34 @@ def output_row(rec: Record, shard_paths: dict[int, str], req: PrunedRequest, gen
     )
 
 
-def num_over_budget(records: list[Record], rows: list[RowResult], select) -> int:
-    """Rows whose forced first/last tokens alone exceed their budget (select.is_over_budget)."""
-    from spcli.engine.select import is_over_budget
+def row_notes(records: list[Record], rows: list[RowResult], select) -> Counter:
+    """What the run's end says about these rows: `over_budget`, rows whose forced first/last tokens alone exceed
+    their budget (select.is_over_budget); `whole`, rows selection would prune but that were prefilled whole, since
+    pruning them would not pay (spcli.engine.pays; their protected text with the target is every token also costs
+    more than a full prefill)."""
+    from spcli.engine.select import is_over_budget, is_pruned
 
-    return sum(r.error is None and is_over_budget(r.num_prompt_tokens, select, rec.keep) for rec, r in zip(records, rows))
+    notes: Counter = Counter()
+    for rec, r in zip(records, rows):
+        if r.error is None and is_over_budget(r.num_prompt_tokens, select, rec.keep):
+            notes["over_budget"] += 1
+        if (r.error is None and r.num_kept_tokens == r.num_prompt_tokens and is_pruned(r.num_prompt_tokens, select, rec.keep)
+                and not math.isinf(select.max_prune_cost)):
+            notes["whole"] += 1
+    return notes
+
+
+def whole_warning(count: int, num_rows: int, select) -> str:
+    return (f"{count} of {num_rows} rows were prefilled whole: pruning them would have cost at least "
+            f"--max-prune-cost {select.max_prune_cost} of their full prefill (the speculator pass plus the kept tokens, "
+            "in FLOPs: spcli.engine.pays), so they ran as at keep 1.0; a lower --keep prunes them, --max-prune-cost inf "
+            "always does")
+
+
+def note_warnings(notes: Counter, num_rows: int, select) -> list[str]:
+    """The run's end: one warning per kind of row `row_notes` counted."""
+    out = [over_budget_warning(notes["over_budget"], num_rows, select)] if notes["over_budget"] else []
+    return out + ([whole_warning(notes["whole"], num_rows, select)] if notes["whole"] else [])
 
 
 def over_budget_warning(count: int, num_rows: int, select) -> str:
@@ -125,12 +149,14 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
 
     While vLLM is still starting (`stream.is_ready()` false: a background start, vllm_start.py), windows are
     scored ahead up to stream.head_start() prompts, then the loop waits for vLLM and submits them."""
-    pending: deque[tuple[Record, PrunedRequest, float]] = deque()  # prepared, not yet in the engine
+    pending: deque[tuple[Record, PrunedRequest, float]] = deque()  # prepared, not yet in the engine; the third: its
+    # row's time before the engine took it, the wait for vLLM to start left out (`row_wait`)
     scoring: deque[tuple[Prepared, float]] = deque()  # windows whose speculator pass is under way
-    started: dict[str, tuple] = {}  # key -> (record, request, when its window was read, when it was submitted)
+    started: dict[str, tuple] = {}  # key -> (record, request, its time before the engine took it: row_wait)
     tokens, count = 0, 0  # kept + generated tokens of the requests submitted so far, for the KV-bound limit
     prompt_tokens = 0  # their prompts' tokens, for the speculator window
     is_exhausted = False
+    ready_at = None  # when the loop first saw vLLM started
     while True:
         if not is_exhausted and should_drain():
             is_exhausted = True
@@ -139,6 +165,8 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
         size = tokens / count if count else 0
         num_scoring = sum(len(p.records) for p, _ in scoring)
         is_ready = stream.is_ready()  # vLLM has started (a background start: vllm_start.py)
+        if is_ready and ready_at is None:
+            ready_at = time.perf_counter()
         ahead = stream.capacity(size) if is_ready else stream.head_start()
         if not is_exhausted and not scoring and len(pending) + num_scoring < ahead:
             batch = list(islice(records, window or stream.window(prompt_tokens / count if count else 0, size)))
@@ -153,15 +181,15 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
                 if isinstance(item, RowResult):
                     yield rec, item
                 else:
-                    pending.append((rec, item, t0))
+                    pending.append((rec, item, (t0, time.perf_counter())))
         while pending and is_ready and stream.num_in_flight < stream.limit(size):
-            rec, req, t0 = pending.popleft()
+            rec, req, (t0, t_scored) = pending.popleft()
             try:
                 key = stream.submit(req)
             except RecordError as e:
                 yield rec, error_row(rec, shard_paths, f"{where_of(rec, shard_paths)}: {e}")
                 continue
-            started[key] = (rec, req, t0, time.perf_counter())
+            started[key] = (rec, req, row_wait(t0, t_scored, time.perf_counter(), ready_at))
             tokens, count = tokens + int(req.kept.numel()) + req.max_tokens, count + 1
             prompt_tokens += req.num_prompt_tokens
         if not stream.num_in_flight:
@@ -178,11 +206,19 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
         on_stage(f"base pass: {stream.num_in_flight} rows in vLLM, {len(pending)} scored and waiting"
                  + (f", {num_scoring} being scored" if scoring else ""))
         for key, gen in stream.poll():
-            rec, req, t0, t_added = started.pop(key)
+            rec, req, waited = started.pop(key)
             if isinstance(gen, RecordError):
                 yield rec, error_row(rec, shard_paths, f"{where_of(rec, shard_paths)}: {gen}")
             else:
-                yield rec, output_row(rec, shard_paths, req, gen, t_added - t0, cfg.save_scores, engine.stack.tokenizer)
+                yield rec, output_row(rec, shard_paths, req, gen, waited, cfg.save_scores, engine.stack.tokenizer)
+
+
+def row_wait(read: float, scored: float, submitted: float, ready_at: float | None) -> float:
+    """A streamed row's time before the engine took it, for its ttft_s: its window's scoring (read -> scored) and
+    its wait after that, less any part of the wait spent before vLLM had started (a row scored ahead while vLLM
+    starts does not count vLLM's start-up as its own latency; plain vLLM's TTFT does not count it either)."""
+    waited_from = scored if ready_at is None else max(scored, ready_at)
+    return (scored - read) + max(0.0, submitted - waited_from)
 
 
 def run_batch(engine, records: list[Record], cfg: RunConfig, shard_paths: dict[int, str],

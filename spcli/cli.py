@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import KEEP_SCALE, MAX_UNIT, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK
+from spcli.config import KEEP_SCALE, MAX_UNIT, MAX_PRUNE_COST, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK
 from spcli import help_panels
 from spcli.device import nvml_device_checks
 from spcli.errors import EXIT_FAILURE, SpcliError
@@ -89,6 +89,7 @@ def run(
     keep_last: Annotated[int, typer.Option(help="Last tokens always kept (question and generation prompt).")] = 64,
     min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are prefilled whole (no speculator).")] = MIN_TOKENS,
     min_free: Annotated[int, typer.Option(help="The rule for short prompts: a row keeps ceil(keep x its tokens), the forced --keep-first/--keep-last included, but at least the forced ones plus this many chosen ones (a 1k-token prompt at keep 0.1 keeps 196, not 103); 0 = the keep rate alone.")] = MIN_FREE,
+    max_prune_cost: Annotated[float, typer.Option(help="A prompt is pruned only where its speculator pass plus its kept tokens' prefill are estimated (in FLOPs) under this share of its full prefill; the others are prefilled whole, as at keep 1.0, and the run's end says how many (keep 0.5 with a speculator of half the base's layers: whole). inf = always prune.")] = MAX_PRUNE_COST,
     protect: Annotated[str, typer.Option(help="Text never dropped, kept on top of the keep budget: the content of chat messages of these roles, and 'instruction' = a record's instruction field (put before its prompt or first user message), comma-separated; '' = none.")] = PROTECT,
     restate: Annotated[bool, typer.Option("--restate/--no-restate", help="The speculator reads a record's instruction (--instruction-field) again after the prompt, so a question asked before the document scores it (the base model never sees it twice).")] = True,
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate per row (a record's max_tokens overrides).")] = 64,

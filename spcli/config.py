@@ -7,6 +7,7 @@ Everything that changes outputs is part of `RunConfig.fingerprint_fields()`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -55,6 +56,7 @@ UNITS = ("sentence", "word", "chunk")  # spcli.engine.units
 MIN_TOKENS = 512  # docs/results.md, Selection units and short prompts
 MIN_FREE = 128  # docs/results.md, Selection units and short prompts
 MAX_UNIT = 32
+MAX_PRUNE_COST = 0.9  # spcli.engine.pays: a prompt whose pruning would cost this share of its full prefill is prefilled whole
 PROTECT = "system,instruction"  # chat roles whose messages are never dropped, and the record's instruction field
 INSTRUCTION = "instruction"  # in --protect: the record's instruction (FieldConfig.instruction), put before its prompt
 
@@ -84,6 +86,8 @@ class SelectConfig:
     keep_scale: float = KEEP_SCALE  # keep = auto: this many times the chunks that stand out (auto_budget) ...
     keep_min: float = 0.05  # ... but at least this fraction of the prompt ...
     keep_max: float = 0.5  # ... and at most this one
+    max_prune_cost: float = MAX_PRUNE_COST  # prune a prompt only where speculator + kept cost less than this share of
+    # its full prefill, in FLOPs (spcli.engine.pays); inf: always
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", parse_keep(self.keep))  # the flag's text ("0.1", "auto") or a number
@@ -101,6 +105,7 @@ class SelectConfig:
         _check(0.0 < self.keep_scale <= 100.0, f"--keep-scale must be in (0, 100], got {self.keep_scale}")
         _check(0.0 < self.keep_min <= 1.0, f"--keep-min must be in (0, 1], got {self.keep_min}")
         _check(0.0 < self.keep_max <= 1.0, f"--keep-max must be in (0, 1], got {self.keep_max}")
+        _check(self.max_prune_cost > 0.0, f"--max-prune-cost must be > 0 (inf: always prune), got {self.max_prune_cost}")
         _check(self.keep_min <= self.keep_max, f"--keep-min ({self.keep_min}) must not exceed --keep-max ({self.keep_max})")
 
     def protect_roles(self) -> tuple[str, ...]:
@@ -317,6 +322,8 @@ class RunConfig:
                 del d["select"][k]
         if d["select"]["min_free"] == 0:  # likewise the budget before its floor
             del d["select"]["min_free"]
+        if d["select"]["max_prune_cost"] == math.inf:  # and every prompt pruned, as before --max-prune-cost
+            del d["select"]["max_prune_cost"]
         if not d["select"]["protect"]:  # and nothing protected
             del d["select"]["protect"]
         if d["score"]["rows"] in (None, "mean"):  # mean is what runs before --rows did: their directories resume

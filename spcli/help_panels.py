@@ -24,7 +24,7 @@ PANELS: dict[str, str] = {
     **dict.fromkeys(("model", "speculator", "lookahead", "window", "score_layers", "pool", "rows", "score_impl",
                      "speculator_chunk"), MODEL),
     **dict.fromkeys(("keep", "keep_scale", "keep_min", "keep_max", "chunk", "keep_first", "keep_last", "min_tokens",
-                     "min_free", "unit", "max_unit", "unit_score", "protect", "restate"), SELECTION),
+                     "min_free", "max_prune_cost", "unit", "max_unit", "unit_score", "protect", "restate"), SELECTION),
     **dict.fromkeys(("max_tokens", "temperature", "top_p", "seed", "logprobs"), GENERATION),
     **dict.fromkeys(("engine", "device", "dtype", "batch_size", "tp", "max_model_len", "max_prompt_len", "gpu_memory_utilization",
                      "max_num_batched_tokens", "enforce_eager", "max_num_seqs", "kv_cache_dtype",

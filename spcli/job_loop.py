@@ -12,10 +12,10 @@ in flight (spcli.batch.stream_rows: twice what vLLM runs at once, plus one windo
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
-from spcli.batch import num_over_budget, stream_rows
+from spcli.batch import row_notes, stream_rows
 from spcli.config import RunConfig
 from spcli.io.ids import mark_duplicates
 from spcli.io.read import read_records
@@ -38,7 +38,7 @@ class Reorder:
         self.order: deque[Record | ShardEnd] = deque()
         self.finished: dict[int, RowResult] = {}  # id(record) -> its row
         self.committer, self.manifest, self.cfg, self.progress, self.warned = committer, manifest, cfg, progress, warned
-        self.over_budget = 0
+        self.notes: Counter = Counter()  # batch.row_notes
 
     def read(self, shards: list[Shard]):
         """Every shard's records from its committed row on, in order; each record and shard end joins `order`."""
@@ -76,7 +76,7 @@ class Reorder:
         if not run:
             return
         records, rows = [r for r, _ in run], [row for _, row in run]
-        self.over_budget += num_over_budget(records, rows, self.cfg.select)
+        self.notes += row_notes(records, rows, self.cfg.select)
         self.committer.add(records[-1].shard, records[-1].row + 1, rows)
         self.progress.update(rows)
         if self.committer.due():
@@ -89,7 +89,7 @@ class Reorder:
 
 def stream_shards(engine, cfg: RunConfig, shards: list[Shard], manifest, committer, ids, paths: dict[int, str],
                   stop, progress, warned: set[int], check_stop) -> int:
-    """Run `shards` through the streaming loop; the number of rows over their budget (batch.num_over_budget).
+    """Run `shards` through the streaming loop; what the run's end says about its rows (batch.row_notes).
     A first SIGTERM/SIGUSR1 stops reading and lets the requests in flight finish (as a batch finished before);
     Ctrl-C stops at the next engine step, dropping them (redone on resume). check_stop() commits and raises
     Interrupted once a stop was asked for."""
@@ -117,4 +117,4 @@ def stream_shards(engine, cfg: RunConfig, shards: list[Shard], manifest, committ
                         "redone on resume", reorder.num_waiting, in_vllm)
             check_stop()
             raise
-    return reorder.over_budget
+    return reorder.notes

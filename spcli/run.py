@@ -8,6 +8,7 @@ row of each shard; a signal commits what is finished and exits 75 (resumable).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from spcli import retry
 from spcli.banner import banner_lines, resume_line
-from spcli.batch import num_over_budget, over_budget_warning, run_batch
+from spcli.batch import note_warnings, row_notes, run_batch
 from spcli.config import RunConfig
 from spcli.errors import Interrupted, OutputError
 from spcli.io import commit
@@ -259,13 +260,13 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
 
         retried = retry.retry_failed(cfg, out, manifest, committer, shards, failed, ids, paths, get_engine, stop,
                                      lambda: _check_stop(stop, committer, manifest), progress)
-    over_budget = 0
+    notes: Counter = Counter()  # batch.row_notes, said at the run's end
     if todo and cfg.engine == "vllm":  # the streaming job loop (spcli/job_loop.py): vLLM kept full across shards
         from spcli.job_loop import stream_shards
 
         engine = engine or build_engine(resolved)
         _check_stop(stop, committer, manifest)
-        over_budget = stream_shards(engine, cfg, todo, manifest, committer, ids, paths, stop, progress, warned,
+        notes = stream_shards(engine, cfg, todo, manifest, committer, ids, paths, stop, progress, warned,
                                     lambda: _check_stop(stop, committer, manifest))
         todo = []
     for shard in todo:
@@ -285,7 +286,7 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
                     _check_stop(stop, committer, manifest)
                     raise
                 assert len(rows) == len(batch), "every record gives exactly one row"
-                over_budget += num_over_budget(batch, rows, cfg.select)
+                notes += row_notes(batch, rows, cfg.select)
                 committer.add(shard.index, batch[-1].row + 1, rows)
                 progress.update(rows)
                 _check_stop(stop, committer, manifest)
@@ -294,8 +295,8 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
         committer.commit(shard.index, done=True)
         if prog.rows == 0 and shard.index not in warned:
             log.warning("%s: no records", shard.path)
-    if over_budget:
-        log.warning("%s", over_budget_warning(over_budget, progress.rows - progress.failed, cfg.select))
+    for warning in note_warnings(notes, progress.rows - progress.failed, cfg.select):
+        log.warning("%s", warning)
     committer.save(finished=True)
     progress.close()
     t = manifest.totals()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
 import inspect
 import json
 
@@ -12,9 +13,9 @@ from spcli import api, cli
 from spcli.errors import ConfigError
 from spcli.inspect.outputs import load_run
 
-FLAGS = dict(keep=0.3, min_tokens=16, keep_last=8, chunk=8, max_tokens=5, dtype="float32", lookahead=2,
+FLAGS = dict(keep=0.3, min_tokens=16, max_prune_cost=float("inf"), keep_last=8, chunk=8, max_tokens=5, dtype="float32", lookahead=2,
              speculator="self:2")
-CLI_FLAGS = ["--keep", "0.3", "--min-tokens", "16", "--keep-last", "8", "--chunk", "8", "--max-tokens", "5",
+CLI_FLAGS = ["--keep", "0.3", "--min-tokens", "16", *ALWAYS_PRUNE, "--keep-last", "8", "--chunk", "8", "--max-tokens", "5",
              "--dtype", "float32", "--lookahead", "2", "--speculator", "self:2"]
 
 

@@ -1,5 +1,6 @@
 """`spcli bench` on a tiny model: the --json schema, and ratios that follow from the stage timings."""
 
+from tiny_models import ALWAYS_PRUNE
 import json
 
 from typer.testing import CliRunner
@@ -10,7 +11,7 @@ REQUIRED = {"keep", "length", "batch", "ttft_full_s", "ttft_spec_s", "speedup", 
 
 
 def test_bench_json_schema_and_consistent_ratios(tmp_path, tiny_dir):
-    res = CliRunner().invoke(app, ["bench", "--model", str(tiny_dir), "--speculator", "self:1", "--dtype", "float32",
+    res = CliRunner().invoke(app, ["bench", *ALWAYS_PRUNE, "--model", str(tiny_dir), "--speculator", "self:1", "--dtype", "float32",
                                    "--keep", "0.1,0.5", "--lengths", "300", "--batch", "2", "--repeats", "1",
                                    "--warmup", "0", "--max-tokens", "2", "--json", "--out", str(tmp_path),
                                    "--unit", "chunk", "--min-free", "0"])  # exact budgets
@@ -33,7 +34,7 @@ def test_bench_json_schema_and_consistent_ratios(tmp_path, tiny_dir):
 
 
 def test_bench_table_names_the_columns(tiny_dir):
-    res = CliRunner().invoke(app, ["bench", "--model", str(tiny_dir), "--speculator", "self:1", "--keep", "0.3",
+    res = CliRunner().invoke(app, ["bench", *ALWAYS_PRUNE, "--model", str(tiny_dir), "--speculator", "self:1", "--keep", "0.3",
                                    "--lengths", "128", "--repeats", "1", "--warmup", "0", "--max-tokens", "1"])
     assert res.exit_code == 0, res.output
     assert "speedup" in res.stdout and "limit" in res.stdout and "0.30" in res.stdout

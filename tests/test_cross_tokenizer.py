@@ -4,6 +4,8 @@ path, which must keep today's exact indices."""
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
+import math
 import json
 
 import pytest
@@ -27,7 +29,7 @@ from spcli.io.records import Record
 from spcli.profiles import resolve
 
 SCORE = ScoreConfig(window=32, lookahead=0, score_layers="14", pool=31, rows="mean")  # smollm2-135m's calibrated recipe
-SELECT = SelectConfig(keep=0.1, chunk=8, keep_last=16, min_tokens=64)
+SELECT = SelectConfig(keep=0.1, chunk=8, keep_last=16, min_tokens=64, max_prune_cost=math.inf)
 MESSAGES = [{"role": "system", "content": "Answer from the text. Ünïcödé ok: 東京 🙂."},
             {"role": "user", "content": "The café opened in 1987 in Zürich. " * 30 + "When did the café open?"}]
 
@@ -108,7 +110,7 @@ def test_real_speculator_finds_the_needle_across_tokenizers(tiny_other_dir):
     (ex,) = task_examples(("niah",), (1536,), 1, 0, stack.tokenizer, stack.max_positions)
     rec = Record(0, 0, ex.id, messages=ex.messages)
     cfg = RunConfig(inputs=("x",), out="y", model=str(tiny_other_dir), speculator="smollm2-135m",
-                    select=SelectConfig(keep=0.1, chunk=8, keep_last=16), score=SCORE)
+                    select=SelectConfig(keep=0.1, chunk=8, keep_last=16, max_prune_cost=math.inf), score=SCORE)
     (req,) = prepare([rec], cfg, stack)
     spec_tok = stack.speculator_tokens.tokenizer
     assert req.speculator_ids == tokenize(rec, spec_tok, 1 << 20, "error")
@@ -125,7 +127,7 @@ def test_run_across_tokenizers_end_to_end(tmp_path, tiny_other_dir, write_jsonl)
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["run", str(write_jsonl(rows)), "--out", str(out), "--model", str(tiny_other_dir),
                                    "--speculator", "smollm2-135m", "--keep", "0.2", "--chunk", "8", "--keep-last",
-                                   "8", "--min-tokens", "64", "--window", "32", "--lookahead", "0",
+                                   "8", "--min-tokens", "64", *ALWAYS_PRUNE, "--window", "32", "--lookahead", "0",
                                    "--score-layers", "14", "--pool", "31", "--max-tokens", "3", "--dtype", "float32",
                                    "--output-format", "jsonl", "--save-scores"])
     assert res.exit_code == 0, res.output

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
 import json
 import math
 
@@ -45,7 +46,7 @@ def test_eval_carries_every_speculator_signal_to_the_base_tokens(tmp_path, tiny_
 
 
 def test_bench_across_tokenizers_says_so(tmp_path, tiny_other_dir, tiny_dir):
-    res = CliRunner().invoke(app, ["bench", "--model", str(tiny_other_dir), "--speculator", str(tiny_dir), "--dtype",
+    res = CliRunner().invoke(app, ["bench", *ALWAYS_PRUNE, "--model", str(tiny_other_dir), "--speculator", str(tiny_dir), "--dtype",
                                    "float32", "--keep", "0.3", "--lengths", "300", "--repeats", "1", "--warmup", "0",
                                    "--max-tokens", "2", "--json", "--out", str(tmp_path), *SCORE_FLAGS])
     assert res.exit_code == 0, res.output

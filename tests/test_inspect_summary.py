@@ -6,6 +6,7 @@ writes them), so every number in it is known; the other inspect tests import it.
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
 import json
 import re
 from pathlib import Path
@@ -236,7 +237,7 @@ def test_baseline_and_output_rates_on_measured_tiny_runs(tmp_path, tiny_dir, wri
 
     jl = write_jsonl(prompt_rows(4, words=300))
     args = ["--model", str(tiny_dir), "--speculator", "self:2", "--dtype", "float32", "--max-tokens", "6",
-            "--min-tokens", "16", "--keep-last", "8", "--chunk", "8"]
+            "--min-tokens", "16", *ALWAYS_PRUNE, "--keep-last", "8", "--chunk", "8"]
     outs = {}
     for keep in ("0.1", "1.0"):
         outs[keep] = tmp_path / f"keep{keep}"

@@ -3,6 +3,7 @@ speculator is not on this machine still runs (spcli/engine/hf.py, spcli/run.py).
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
 import dataclasses
 
 from typer.testing import CliRunner
@@ -20,5 +21,5 @@ def test_keep_one_runs_without_the_presets_speculator(monkeypatch, write_jsonl, 
     res = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "full"), "--keep", "1.0"])
     assert res.exit_code == 0, (res.output, res.exception)
     assert "done: 1 rows (0 failed)" in res.output
-    res = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "pruned"), "--keep", "0.3", "--min-tokens", "16"])
+    res = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "pruned"), "--keep", "0.3", "--min-tokens", "16", *ALWAYS_PRUNE])
     assert res.exit_code != 0 and "llama-8b" in str(res.exception), (res.output, res.exception)

@@ -15,6 +15,7 @@ Each attempt commits at most a few batches, so all 26 kills land before the inpu
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
 import json
 import multiprocessing
 import os
@@ -31,7 +32,7 @@ from spcli.io.manifest import read_manifests
 
 NUM_PROMPTS = 300
 KILLS_AT_START, KILLS_AFTER_RENAME, KILLS_RANDOM = 2, 7, 7
-ARGS = ["--batch-size", "4", "--commit-interval", "0", "--max-tokens", "2", "--keep", "0.3", "--min-tokens", "16",
+ARGS = ["--batch-size", "4", "--commit-interval", "0", "--max-tokens", "2", "--keep", "0.3", "--min-tokens", "16", *ALWAYS_PRUNE,
         "--keep-last", "8", "--chunk", "8", "--lookahead", "2", "--speculator", "self:2", "--dtype", "float32"]
 
 

@@ -5,6 +5,7 @@ The GGUF file is a tiny random Llama written with the `gguf` package (2 layers, 
 byte-level BPE; the real SmolLM2-135M GGUF has 30 layers, hidden 576 and 49,152 tokens), with its token
 embedding quantized to Q8_0 so that dequantization runs."""
 
+from tiny_models import ALWAYS_PRUNE
 import json
 
 import numpy as np
@@ -159,7 +160,7 @@ def test_spcli_run_on_a_gguf_file_uses_the_fallback_and_says_so(tmp_path, cache,
     src = write_jsonl([{"id": f"r{i}", "prompt": "the cat in the hat " * (30 + i)} for i in range(2)])
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["run", str(src), "--out", str(out), "--model", str(gguf_file), "--keep", "0.5",
-                                   "--min-tokens", "16", "--keep-last", "8", "--max-tokens", "3", "--device", "cpu"])
+                                   "--min-tokens", "16", *ALWAYS_PRUNE, "--keep-last", "8", "--max-tokens", "3", "--device", "cpu"])
     assert res.exit_code == 0, res.output + repr(res.exception)
     line = next(l for l in res.output.splitlines() if l.startswith("INFO speculator: "))
     assert line == ("INFO speculator: self, same tokenizer (lookahead 0, window 32, score_layers 0, pool 13, rows mean, "

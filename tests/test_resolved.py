@@ -3,6 +3,7 @@ banner and the fingerprint print what the ResolvedRun holds, and the engines' Mo
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
 import dataclasses
 import json
 
@@ -17,7 +18,7 @@ from spcli.engine import load
 from spcli.io.records import discover
 from spcli.resolved import ResolvedRun, resolve_run
 
-PRUNED = ["--keep", "0.3", "--min-tokens", "16", "--min-free", "0", "--unit", "chunk", "--keep-last", "8",
+PRUNED = ["--keep", "0.3", "--min-tokens", "16", *ALWAYS_PRUNE, "--min-free", "0", "--unit", "chunk", "--keep-last", "8",
           "--max-tokens", "3", "--dtype", "float32"]
 
 

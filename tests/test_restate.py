@@ -3,6 +3,7 @@ selection reads of it, and how the run and eval configs record it."""
 
 from __future__ import annotations
 
+import math
 import dataclasses
 
 import pytest
@@ -32,7 +33,7 @@ def record(instruction: str = INSTRUCTION) -> Record:
 
 def config(tiny_dir, restate: bool) -> RunConfig:
     return RunConfig(inputs=("x",), out="y", model=str(tiny_dir), speculator="self:2",
-                     select=SelectConfig(keep=0.2, chunk=8, keep_last=8, min_tokens=64, min_free=0),
+                     select=SelectConfig(keep=0.2, chunk=8, keep_last=8, min_tokens=64, min_free=0, max_prune_cost=math.inf),
                      score=dataclasses.replace(SCORE, restate=restate))
 
 
@@ -99,7 +100,7 @@ def test_across_tokenizers_the_speculator_restates_in_its_own_tokens(tiny_other_
 
     stack = load_stack(str(tiny_other_dir), "smollm2-135m", "float32", "cpu", with_base=False)
     cfg = RunConfig(inputs=("x",), out="y", model=str(tiny_other_dir), speculator="smollm2-135m",
-                    select=SelectConfig(keep=0.2, chunk=8, keep_last=8, min_tokens=64, min_free=0),
+                    select=SelectConfig(keep=0.2, chunk=8, keep_last=8, min_tokens=64, min_free=0, max_prune_cost=math.inf),
                     score=ScoreConfig(window=8, lookahead=0, score_layers="14", pool=1, rows="mean"))
     (req,) = prepare([record()], cfg, stack)
     spec_tok = stack.speculator_tokens.tokenizer

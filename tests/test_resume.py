@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -30,7 +32,8 @@ def config(src, out, tiny_dir, keep: float = 0.3, **kw) -> RunConfig:
     return RunConfig(
         inputs=(str(src),), out=str(out), model=str(tiny_dir), speculator="self:2", dtype="float32",
         batch_size=kw.pop("batch_size", 2), commit_interval=kw.pop("commit_interval", 0.0),
-        select=SelectConfig(keep=keep, chunk=8, keep_last=8, min_tokens=16, min_free=0, unit="chunk"),  # as argv
+        select=SelectConfig(keep=keep, chunk=8, keep_last=8, min_tokens=16, min_free=0, unit="chunk",
+                            max_prune_cost=math.inf),  # as argv
         score=ScoreConfig(lookahead=2),
         generate=GenerateConfig(max_tokens=2), **kw,
     )
@@ -38,7 +41,7 @@ def config(src, out, tiny_dir, keep: float = 0.3, **kw) -> RunConfig:
 
 def argv(src, out, tiny_dir, *extra) -> list[str]:
     return ["run", str(src), "--out", str(out), "--model", str(tiny_dir), "--speculator", "self:2", "--dtype", "float32",
-            "--batch-size", "2", "--commit-interval", "0", "--chunk", "8", "--keep-last", "8", "--min-tokens", "16",
+            "--batch-size", "2", "--commit-interval", "0", "--chunk", "8", "--keep-last", "8", "--min-tokens", "16", *ALWAYS_PRUNE,
             "--min-free", "0", "--unit", "chunk", "--lookahead", "2", "--max-tokens", "2", *extra]  # exact budgets: fixed chunks
 
 

@@ -1,5 +1,6 @@
 """`spcli run` end to end on JSONL and Parquet, through Typer's runner and a real subprocess."""
 
+from tiny_models import ALWAYS_PRUNE
 import json
 import os
 import subprocess
@@ -33,7 +34,7 @@ def prompt_rows(k: int, words: int = 120):
     return [{"id": f"r{i}", "prompt": " ".join(f"word{(i * 7 + j) % 50}" for j in range(words + 13 * i))} for i in range(k)]
 
 
-ARGS = ["--keep", "0.3", "--min-tokens", "16", "--min-free", "0", "--unit", "chunk", "--keep-last", "8", "--chunk", "8",
+ARGS = ["--keep", "0.3", "--min-tokens", "16", *ALWAYS_PRUNE, "--min-free", "0", "--unit", "chunk", "--keep-last", "8", "--chunk", "8",
         "--max-tokens", "5",
         "--dtype", "float32", "--lookahead", "2", "--speculator", "self:2"]
 
@@ -140,7 +141,8 @@ def test_start_banner_names_inputs_model_speculator_keep_engine_device_output(tm
         f"INFO speculator: self:2, same tokenizer ({score}); settings from flags (lookahead, chunk), the rest from "
         f"fallback: early exit at the middle layer; `spcli calibrate --model {tiny_dir} --speculator self:2` measures "
         "them for this model",
-        "INFO keep: 0.3 (chunk 8, keep_first 4, keep_last 8, min_tokens 16, min_free 0, unit chunk, protect system,instruction)",
+        "INFO keep: 0.3 (chunk 8, keep_first 4, keep_last 8, min_tokens 16, min_free 0, unit chunk, "
+        "protect system,instruction, max_prune_cost inf)",
         "INFO engine: hf, device cpu, batch size 8",
         f"INFO output: {out} (parquet)",
     ]

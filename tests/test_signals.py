@@ -7,6 +7,7 @@ committed, then the run stops before the next batch.
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
 import json
 import os
 import signal
@@ -23,7 +24,7 @@ from spcli.errors import EXIT_INTERRUPTED
 from spcli.io.manifest import read_manifests
 from test_run import read_outputs
 
-ARGS = ["--batch-size", "4", "--commit-interval", "0", "--max-tokens", "2", "--keep", "0.3", "--min-tokens", "16",
+ARGS = ["--batch-size", "4", "--commit-interval", "0", "--max-tokens", "2", "--keep", "0.3", "--min-tokens", "16", *ALWAYS_PRUNE,
         "--keep-last", "8", "--chunk", "8", "--lookahead", "2", "--speculator", "self:2", "--dtype", "float32"]
 NUM_ROWS = 12
 

@@ -3,11 +3,13 @@ under both tokenizers of the cross-tokenizer path, and a short fact sentence is 
 
 from __future__ import annotations
 
+import math
 import random
 import re
 
 import pytest
 import torch
+from tiny_models import ALWAYS_PRUNE
 
 from spcli.config import RunConfig, ScoreConfig, SelectConfig
 from spcli.engine.select import select_tokens
@@ -203,7 +205,7 @@ def test_cross_tokenizer_run_keeps_base_units_whole(tiny_other_dir):
     stack = load_stack(str(tiny_other_dir), "smollm2-135m", "float32", "cpu", with_base=False)
     text = " ".join(f"Fact {i}: the code for locker {i} is {1000 + 37 * i}." for i in range(60)) + " Which locker?"
     cfg = RunConfig(inputs=("x",), out="y", model=str(tiny_other_dir), speculator="smollm2-135m",
-                    select=SelectConfig(keep=0.1, chunk=8, keep_last=16, min_tokens=64, min_free=32),
+                    select=SelectConfig(keep=0.1, chunk=8, keep_last=16, min_tokens=64, min_free=32, max_prune_cost=math.inf),
                     score=ScoreConfig(window=32, lookahead=0, score_layers="14", pool=31, rows="mean"))
     (req,) = prepare([Record(0, 0, "r", prompt=text)], cfg, stack)
     assert req.alignment is not None and req.units is not None and req.units.shape == (len(req.token_ids),)
@@ -239,7 +241,7 @@ def test_instruction_field_goes_first_and_is_never_dropped(tmp_path, tiny_dir, w
         out = tmp_path / f"out{protect or 'none'}"
         res = CliRunner().invoke(app, ["run", str(src), "--out", str(out), "--model", str(tiny_dir), "--speculator",
                                        "self:2", "--dtype", "float32", "--keep", "0.1", "--max-tokens", "2",
-                                       "--protect", protect, "--save-scores", "--output-format", "jsonl"])
+                                       "--protect", protect, *ALWAYS_PRUNE, "--save-scores", "--output-format", "jsonl"])
         assert res.exit_code == 0, res.output
         from transformers import AutoTokenizer
 

@@ -12,6 +12,8 @@ stopped by SIGTERM to its whole process group, as Slurm and Ctrl-C do; one runs 
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
+import math
 import importlib.util
 import json
 import os
@@ -48,7 +50,7 @@ MAX_TOKENS = 12
 COMMON = ["--model", "smollm2-135m", "--dtype", "float32", "--max-tokens", str(MAX_TOKENS)]
 # chunk units and no short-prompt floor: the paper's budget, ceil(keep x n), which the tests below check exactly
 SELECT = ["--unit", "chunk", "--min-free", "0"]
-PRUNED = ["--keep", "0.3", "--min-tokens", "16", *SELECT, "--batch-size", "2", "--commit-interval", "0"]
+PRUNED = ["--keep", "0.3", "--min-tokens", "16", *ALWAYS_PRUNE, *SELECT, "--batch-size", "2", "--commit-interval", "0"]
 
 
 def chat_rows() -> list[dict]:
@@ -402,7 +404,7 @@ def test_tensor_parallel_2_shares_the_speculator_between_both_ranks(tmp_path_fac
     base, spec = build_tiny(root / "base", smollm2_dir), build_tiny(root / "spec", smollm2_dir, seed=1)
     score = ScoreConfig(lookahead=0, window=8, score_layers="1", pool=3, rows="mean")
     cfg = RunConfig(inputs=("-",), out="-", model=str(base), speculator=str(spec), engine="vllm", dtype="float32",
-                    select=SelectConfig(keep=0.3, min_tokens=16, chunk=8, unit="chunk", min_free=0), score=score,
+                    select=SelectConfig(keep=0.3, min_tokens=16, chunk=8, unit="chunk", min_free=0, max_prune_cost=math.inf), score=score,
                     vllm=VllmConfig(tp=2, speculator_placement="workers"))
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (300, 200, 250, 120)]
@@ -493,7 +495,7 @@ def test_stream_stops_at_a_safe_point_and_resumes_exactly_once(pruned_run, share
     way a prefix is committed, the run exits 75, and the rerun commits the rest: every row once, as uninterrupted."""
     out = tmp_path / "out"
     args = [str(chat_jsonl), "--out", str(out), "--engine", "vllm", "--speculator", str(tiny_dir), *COMMON,
-            "--keep", "0.3", "--min-tokens", "16", *SELECT, "--batch-size", "1", "--commit-interval", "0"]
+            "--keep", "0.3", "--min-tokens", "16", *ALWAYS_PRUNE, *SELECT, "--batch-size", "1", "--commit-interval", "0"]
     with monkeypatch.context() as mp:
         stop_after_first_commit(mp, signum)
         code, output, exc = spcli_run(*args)

@@ -7,6 +7,7 @@ installed with --no-deps; the fresh venv sees this venv's packages (torch, trans
 
 from __future__ import annotations
 
+from tiny_models import ALWAYS_PRUNE
 import json
 import os
 import shutil
@@ -74,7 +75,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(wheel, tmp_path, tiny_dir):
     records.write_text("".join(json.dumps({"id": f"r{i}", "prompt": " ".join(f"w{j % 37}" for j in range(90 + 9 * i))})
                                + "\n" for i in range(3)))
     res = sh(spcli, "-q", "run", records, "--out", tmp_path / "out", "--model", tiny_dir, "--keep", "0.3",
-             "--min-tokens", "16", "--keep-last", "8", "--max-tokens", "4", "--dtype", "float32",
+             "--min-tokens", "16", *ALWAYS_PRUNE, "--keep-last", "8", "--max-tokens", "4", "--dtype", "float32",
              "--speculator", "self:2", "--lookahead", "2", cwd=tmp_path, timeout=300)
     assert res.stdout.startswith("done: 3 rows (0 failed)"), res.stdout + res.stderr
     assert list((tmp_path / "out").glob("part-*.parquet"))

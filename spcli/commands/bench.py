@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import MIN_FREE, SPECULATOR_CHUNK
+from spcli.config import MAX_PRUNE_COST, MIN_FREE, SPECULATOR_CHUNK
 
 
 def _help() -> str:
@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
         chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
         unit: Annotated[str, typer.Option(help="Selection unit: sentence, word or chunk, as `spcli run --unit` (units read from the prompt ids decoded one by one, timed with the speculator).")] = "sentence",
         min_free: Annotated[int, typer.Option(help="At least the forced tokens plus this many chosen ones, as `spcli run --min-free`.")] = MIN_FREE,
+        max_prune_cost: Annotated[float, typer.Option(help="Prompts whose pruning would cost this share of a full prefill (FLOPs) are prefilled whole, as `spcli run --max-prune-cost`; inf = always prune.")] = MAX_PRUNE_COST,
         keep_first: Annotated[int, typer.Option(help="First tokens always kept.")] = 4,
         keep_last: Annotated[int, typer.Option(help="Last tokens always kept.")] = 64,
         score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
@@ -62,7 +63,7 @@ def register(app: typer.Typer) -> None:
             max_tokens=max_tokens, ttft_limit_s=ttft_limit, seed=seed, dtype=dtype, device=device, json=json,
             speculator_chunk=speculator_chunk,
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=0,
-                                unit=unit, min_free=min_free),
+                                unit=unit, min_free=min_free, max_prune_cost=max_prune_cost),
             score=ScoreConfig(lookahead=lookahead, window=window, score_layers=score_layers, pool=pool, rows=rows, impl=score_impl),
         )
         results = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))

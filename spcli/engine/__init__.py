@@ -11,6 +11,7 @@ Shared by both engines, in the order a record meets them:
   batching.py    prompts of unequal length in one padded speculator batch
   speculate.py   the speculator pass: importance per prompt token (capture.py: queries and keys after RoPE;
                  the scoring maths: spcli/kernels/)
+  pays.py        whether pruning a prompt pays (speculator + kept against full, in FLOPs)
   select.py      kept indices (sorted, original positions)
   failures.py    out of memory (retry a row alone) against a device error (stop)
 

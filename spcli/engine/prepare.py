@@ -17,6 +17,7 @@ from spcli.device import free_memory
 from spcli.engine.align import carry
 from spcli.engine.batching import length_groups
 from spcli.engine.load import ModelStack
+from spcli.engine.pays import pays, shapes
 from spcli.engine.request import PrunedRequest
 from spcli.engine.restate import prompt_part, restated_for
 from spcli.engine.select import is_pruned, select_tokens
@@ -147,7 +148,8 @@ class Scoring:
 def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfig, stack: ModelStack,
           on_stage=lambda text: None, should_stop=lambda: False,
           chunk: int = SPECULATOR_CHUNK, with_unpooled: bool = False) -> list[PrunedRequest | RecordError]:
-    """Speculate and select the requests whose prompts are pruned (in place); the others keep every token.
+    """Speculate and select the requests whose prompts are pruned (in place); the others keep every token: those
+    shorter than min_tokens, at keep 1.0, and those whose pruning would not pay (pays.py).
 
     The speculator runs where the stack says (`stack.speculate_remote`: vLLM's workers; else here, loaded
     on first use, so a run at keep 1.0 never loads one); selection runs here. should_stop() is asked
@@ -162,7 +164,9 @@ def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: Scor
                 with_unpooled: bool = False, overlap: bool = False) -> Scoring:
     """`prune`'s speculator pass begun: submitted to vLLM's worker replicas where `overlap` (collected by
     Scoring.finish, while vLLM steps meanwhile), else run now."""
-    todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)]
+    pair = shapes(stack.path, stack.speculator_name, stack.located[1] if stack.located else None)
+    todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)
+            and pays(pair, score, select, r.keep, r.num_prompt_tokens, num_protected(r), len(r.speculator_prompt))]
     if not todo:
         return Scoring(list(requests), [], select, MadePass([]))
     prompts = [requests[i].speculator_prompt for i in todo]  # its own tokens (cross-tokenizer), the restated instruction
@@ -176,6 +180,10 @@ def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: Scor
         speculation = MadePass(speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device, chunk,
                                        on_stage, should_stop, with_unpooled=with_unpooled))
     return Scoring(list(requests), todo, select, speculation)
+
+
+def num_protected(req: PrunedRequest) -> int:
+    return 0 if req.protected is None else int(req.protected.sum())
 
 
 def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device,

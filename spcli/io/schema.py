@@ -18,7 +18,7 @@ class RowResult:
     num_kept_tokens: int = 0
     num_output_tokens: int = 0
     kept_indices: list[int] = field(default_factory=list)  # ascending indices into the prompt's token ids
-    ttft_s: float | None = None  # batch start -> this row's first token (speculation included)
+    ttft_s: float | None = None  # batch start -> this row's first token (speculation included; vllm: not vLLM's start-up)
     speculate_s: float = 0.0  # this row's speculator prefill + look-ahead + scoring
     prefill_s: float = 0.0  # its batch's base prefill
     decode_s: float = 0.0  # its batch's decode

@@ -1,0 +1,17 @@
+"""spcli/batch.py: a streamed row's time before the engine took it (its ttft_s before vLLM's part)."""
+
+from spcli.batch import row_wait
+
+
+def test_a_row_scored_while_vllm_starts_does_not_count_the_start():
+    # read at 0, scored by 3, vLLM up at 20, submitted at 21: 3 s scoring + 1 s after vLLM was up
+    assert row_wait(0.0, 3.0, 21.0, ready_at=20.0) == 4.0
+
+
+def test_a_row_scored_after_the_start_counts_all_its_wait():
+    # vLLM up at 1; read at 10, scored by 12, submitted at 15 (waited for room in vLLM): 5 s
+    assert row_wait(10.0, 12.0, 15.0, ready_at=1.0) == 5.0
+
+
+def test_a_row_submitted_as_vllm_comes_up_counts_its_scoring_only():
+    assert row_wait(0.0, 2.5, 20.0, ready_at=20.0) == 2.5
