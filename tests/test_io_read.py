@@ -324,3 +324,23 @@ def test_an_over_long_record_is_named_by_its_id_where_it_has_one(tmp_path):
     assert all("more than --max-record-bytes 4096" in r.error for r in recs)
     (rec,) = list(read_records(Shard(0, str(path)), FieldConfig(id="ticket"), 4, 4096))
     assert rec.id == 't"q'
+
+
+def test_instruction_field_is_read_from_parquet_as_from_jsonl(tmp_path):
+    """`--instruction-field question`: the same record gives the same prompt and protected text in both formats
+    (Parquet dropped the column: 6 prompt tokens against 14, exit 0, issue 40)."""
+    row = {"ticket_id": "t1", "body": "The printer on floor three jams on duplex pages.", "question": "Which floor?"}
+    fields = FieldConfig(prompt="body", id="ticket_id", instruction="question")
+    jl = tmp_path / "t.jsonl"
+    jl.write_text(json.dumps(row) + "\n")
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "t.parquet")
+    got = {}
+    for name in ("t.jsonl", "t.parquet"):
+        (shard,) = discover([str(tmp_path / name)])
+        (rec,) = read_records(shard, fields)
+        got[name] = (rec.id, rec.prompt, rec.protected, rec.error)
+    assert got["t.jsonl"] == got["t.parquet"] == ("t1", "Which floor?\n\n" + row["body"], ("Which floor?",), None)
+    pq.write_table(pa.Table.from_pylist([{k: v for k, v in row.items() if k != "question"}]), tmp_path / "n.parquet")
+    (shard,) = discover([str(tmp_path / "n.parquet")])
+    with pytest.raises(InputError, match="no 'question' column .--instruction-field.; its columns: body, ticket_id"):
+        list(read_records(shard, fields))

@@ -219,7 +219,10 @@ def parquet_columns(pf: pq.ParquetFile, shard: Shard, fields: FieldConfig) -> li
     if fields.id != FieldConfig().id and fields.id not in names:
         raise InputError(f"{shard.path}: Parquet file has no {fields.id!r} column (--id-field); its columns: "
                          f"{', '.join(sorted(names))}")
-    wanted = [fields.id, fields.prompt, fields.messages, "max_tokens", "keep", "temperature"]
+    if fields.instruction != FieldConfig().instruction and fields.instruction not in names:
+        raise InputError(f"{shard.path}: Parquet file has no {fields.instruction!r} column (--instruction-field); its "
+                         f"columns: {', '.join(sorted(names))}")
+    wanted = [fields.id, fields.prompt, fields.messages, fields.instruction, "max_tokens", "keep", "temperature"]
     return list(dict.fromkeys(c for c in wanted if c in names))
 
 
