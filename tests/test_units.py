@@ -247,7 +247,7 @@ def test_instruction_field_goes_first_and_is_never_dropped(tmp_path, tiny_dir, w
 
         tok = AutoTokenizer.from_pretrained(tiny_dir)
         rows = {r["id"]: r for r in read_outputs(out)}
-        for rid, rec in (("p", Record(0, 0, "p", prompt=f"{instruction}\n\n{ticket}")),
+        for rid, rec in (("p", Record(0, 0, "p", prompt=f"{instruction}\n\n{ticket}", protected=(instruction,))),
                          ("m", Record(0, 0, "m", messages=[{"role": "system", "content": "You are terse. " * 20},
                                                           {"role": "user", "content": f"{instruction}\n\n{ticket}"}]))):
             enc = encode(rec, tok)
@@ -264,7 +264,8 @@ def test_instruction_field_goes_first_and_is_never_dropped(tmp_path, tiny_dir, w
         assert doc["fingerprint_fields"]["select"].get("protect") == (protect or None)
     assert kept_share["system,instruction", "p"] == kept_share["system,instruction", "m"] == 1.0
     assert kept_share["system,instruction", "system"] == 1.0
-    assert kept_share["", "p"] < 1.0 and kept_share["", "system"] < 1.0  # the same prompts without protection
+    assert kept_share["", "system"] < 1.0  # the same prompts without protection (the instruction of "p", one short
+    # sentence first in a chat message now, may or may not be chosen by the random tiny model)
 
 
 def test_a_bad_instruction_is_an_error_row_naming_the_field(tmp_path):

@@ -1,7 +1,9 @@
-"""Tokenize a record: raw `prompt` text as is, `messages` through the model's chat template."""
+"""Tokenize a record: raw `prompt` text as is, `messages` through the model's chat template (and a raw prompt given
+with an instruction too, where the model has one: `chat_form`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -21,6 +23,16 @@ class Encoded:
     regions: list[tuple[int, int]]  # characters any tokenizer reads the same: the prompt, or each message's content
 
 
+def chat_form(record: Record, tokenizer) -> Record:
+    """The record as the model reads it: a raw prompt given with an instruction (--instruction-field) becomes one
+    user message where the tokenizer has a chat template, so an instruct model answers the instruction instead
+    of continuing the document (issue 40); a raw prompt without one stays raw text, as an endpoint of
+    /v1/completions sends it."""
+    if record.prompt is None or not record.protected or getattr(tokenizer, "chat_template", None) is None:
+        return record
+    return dataclasses.replace(record, prompt=None, messages=[{"role": "user", "content": record.prompt}])
+
+
 def tokenize(record: Record, tokenizer, max_prompt_tokens: int, truncate: str, limit: str = "") -> list[int]:
     """Token ids of the record's prompt, at most `max_prompt_tokens` long; `limit` says where that
     number comes from and which flag raises it (for the error row).
@@ -28,6 +40,7 @@ def tokenize(record: Record, tokenizer, max_prompt_tokens: int, truncate: str, l
     truncate: "error" (an over-long prompt is an error row), "left" (keep its end) or "middle"
     (keep its start and end, drop the middle).
     """
+    record = chat_form(record, tokenizer)
     if record.messages is not None:
         check_chat_template(tokenizer)
         try:
@@ -71,6 +84,7 @@ def encode(record: Record, tokenizer) -> Encoded:
     `tokenize` before truncation."""
     from spcli.engine.align import AlignmentError, content_regions
 
+    record = chat_form(record, tokenizer)
     if record.messages is not None:
         check_chat_template(tokenizer)
         try:
