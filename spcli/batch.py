@@ -173,8 +173,8 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
             is_exhausted = not batch
             if batch:
                 on_window(batch)
-                scoring.append((Prepared(engine, batch, cfg, shard_paths, on_stage, should_stop, overlap),
-                                time.perf_counter()))
+                t_read = time.perf_counter()  # before the window is tokenized and (without overlap) scored
+                scoring.append((Prepared(engine, batch, cfg, shard_paths, on_stage, should_stop, overlap), t_read))
         while scoring and (not (stream.num_in_flight or pending) or scoring[0][0].ready()):
             window_of, t0 = scoring.popleft()
             for rec, item in zip(window_of.records, window_of.finish()):
