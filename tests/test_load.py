@@ -60,3 +60,28 @@ def test_an_engine_bound_on_prompt_length_is_an_error_row_naming_its_flag(tiny_d
     assert str(e.value).endswith(
         "more than the 200 allowed (the speculator's memory plan is sized for 200-token prompts; raise "
         "--max-model-len (it sizes the speculator's share of the GPU)); use --truncate left|middle to cut it")
+
+
+@pytest.mark.parametrize("config_kwargs, reason", [
+    ({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}},
+     "uses longrope"),
+    ({"model_type": "llama", "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "uses longrope"),
+    ({"model_type": "bloom"}, "uses ALiBi"),
+    ({"model_type": "falcon", "alibi": True}, "uses ALiBi"),
+    ({"model_type": "mpt", "attn_config": {"alibi": True}}, "uses ALiBi"),
+])
+def test_longrope_and_alibi_speculators_are_refused_naming_model_and_reason(config_kwargs, reason):
+    """Issue 40: positions scoring and kept-position prefill cannot reproduce are refused before anything loads."""
+    from types import SimpleNamespace as PretrainedConfig  # config.json's fields as attributes; no validation
+
+    with pytest.raises(ConfigError, match=rf"speculator 'odd-model' {reason}"):
+        load.check_full_attention(PretrainedConfig(**config_kwargs), 4096, "odd-model", "speculator")
+
+
+@pytest.mark.parametrize("config_kwargs", [{"model_type": "llama"},
+                                           {"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+                                           {"model_type": "falcon", "alibi": False}])
+def test_plain_llama3_rope_and_rope_falcon_pass(config_kwargs):
+    from types import SimpleNamespace as PretrainedConfig  # config.json's fields as attributes; no validation
+
+    load.check_full_attention(PretrainedConfig(**config_kwargs), 4096, "ok-model", "speculator")

@@ -204,9 +204,41 @@ def check_speculator_attention(base_path: Path, base_name: str, speculator: str,
         check_full_attention(read_config(path), max_prompt_tokens, speculator, "speculator")
 
 
+def rope_type(config) -> str | None:
+    """config.json's RoPE scaling type (`rope_parameters`, or the older `rope_scaling`), None without one."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = getattr(config, key, None)
+        if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")):
+            return str(rope.get("rope_type") or rope.get("type"))
+    return None
+
+
+def uses_alibi(config) -> bool:
+    """ALiBi position biases (BLOOM, MPT, Falcon with alibi): no RoPE at all."""
+    attn = getattr(config, "attn_config", None)
+    attn_alibi = attn.get("alibi") if isinstance(attn, dict) else getattr(attn, "alibi", False)
+    return getattr(config, "model_type", None) == "bloom" or bool(getattr(config, "alibi", False)) or bool(attn_alibi)
+
+
+def check_position_scheme(config, name: str, role: str) -> None:
+    """Refuse positions the speculator's scoring cannot reproduce: longrope switches its RoPE factors by sequence
+    length (a kept-token prefill would rotate by other factors than the full prompt), and ALiBi biases attention by
+    distance in the sequence, not by position id (kept tokens at their original positions would sit closer)."""
+    if rope_type(config) == "longrope":
+        raise ConfigError(f"{role} {name!r} uses longrope (config.json rope type 'longrope'): its RoPE factors "
+                          "depend on the sequence length, so attention scores and kept-position prefill would use "
+                          "other rotations than the full prompt's. Use a model with plain or llama3/yarn RoPE, or --keep 1.0")
+    if uses_alibi(config):
+        raise ConfigError(f"{role} {name!r} uses ALiBi position biases: they follow the distance in the packed "
+                          "sequence, not the position ids, so kept tokens cannot keep their original positions. "
+                          "Use a RoPE model, or --keep 1.0")
+
+
 def check_full_attention(config, max_prompt_tokens: int, name: str, role: str) -> None:
     """A speculator's cache must hold all n keys of every layer: refuse a sliding-window model (Mistral,
-    Gemma 2/3), whose cache keeps only the last window, unless no prompt can exceed that window."""
+    Gemma 2/3), whose cache keeps only the last window, unless no prompt can exceed that window; and a position
+    scheme scoring cannot reproduce (check_position_scheme)."""
+    check_position_scheme(config, name, role)
     window = getattr(config, "sliding_window", None)
     if not window or getattr(config, "use_sliding_window", True) is False:
         return
