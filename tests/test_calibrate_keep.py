@@ -125,12 +125,14 @@ def test_keep_for_reads_the_users_field_names(tmp_path, tiny_dir):
     import pyarrow.parquet as pq
 
     src = tmp_path / "tickets.parquet"
-    pq.write_table(pa.table({"ticket_id": [f"t{i}" for i in range(3)], "body": [r["prompt"] for r in records(3)]}), src)
+    pq.write_table(pa.table({"ticket_id": [f"t{i}" for i in range(3)], "body": [r["prompt"] for r in records(3)],
+                             "question": ["What is the code?"] * 3}), src)
     out = tmp_path / "cal"
     res = CliRunner().invoke(app, ["calibrate", "--keep-for", str(src), "--model", str(tiny_dir), "--speculator", "self:2",
                                    "--lookahead", "0", "--window", "4", "--score-layers", "1", "--dtype", "float32",
                                    "--samples", "3", "--keep", "0.5", "--min-tokens", "16", "--target-agreement", "0.01",
-                                   "--prompt-field", "body", "--id-field", "ticket_id", "--out", str(out)])
+                                   "--prompt-field", "body", "--id-field", "ticket_id", "--instruction-field", "question",
+                                   "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert f"spcli run {src} --out DIR --model {tiny_dir} --speculator self:2 " in res.stdout
-    assert "--prompt-field body --id-field ticket_id" in res.stdout
+    assert "--prompt-field body --id-field ticket_id --instruction-field question" in res.stdout

@@ -218,7 +218,7 @@ def run_flags(cfg: KeepForConfig, policy: float | str) -> str:
     if cfg.select.min_tokens != SelectConfig().min_tokens:
         flags.append(f"--min-tokens {cfg.select.min_tokens}")
     default = FieldConfig()
-    flags += [f"--{name}-field {shlex.quote(getattr(cfg.fields, name))}" for name in ("prompt", "messages", "id")
+    flags += [f"--{name}-field {shlex.quote(getattr(cfg.fields, name))}" for name in ("prompt", "messages", "id", "instruction")
               if getattr(cfg.fields, name) != getattr(default, name)]
     return f"spcli run {' '.join(map(shlex.quote, cfg.inputs))} --out DIR " + " ".join(flags)
 
