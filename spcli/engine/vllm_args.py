@@ -48,8 +48,6 @@ def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool, dtype: str | Non
     if quantization and "quantization_config" in read_model_config(model_path):
         quantization = None
     kwargs = {"quantization": quantization} if quantization else {}
-    if os.environ.get("SPCLI_VLLM_EXECUTOR"):  # inside a Ray actor (spcli/ray/worker.py): vLLM would take Ray's
-        kwargs["distributed_executor_backend"] = os.environ["SPCLI_VLLM_EXECUTOR"]  # executor; TP stays on its node
     args = dict(
         model=str(model_path), dtype=dtype or engine_dtype(cfg, is_cpu),
         tensor_parallel_size=v.tp or (preset.tp if preset else 1),
@@ -61,6 +59,10 @@ def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool, dtype: str | Non
     )
     if v.gpu_memory_utilization is not None:
         args["gpu_memory_utilization"] = v.gpu_memory_utilization
+    # In a Ray actor (spcli/ray/worker.py) vLLM would pick Ray's executor for TP; its own processes keep the ranks
+    # on the actor's node, on the GPUs of the actor's placement group.
+    if args["tensor_parallel_size"] > 1 and os.environ.get("SPCLI_VLLM_EXECUTOR"):
+        kwargs["distributed_executor_backend"] = os.environ["SPCLI_VLLM_EXECUTOR"]
     return args
 
 
