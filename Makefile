@@ -46,7 +46,8 @@ demo: $(VENV)/.base
 	$(VENV)/bin/spcli run examples/docs.jsonl examples/docs.parquet --out out/demo --keep 0.3 --max-tokens 24
 	@echo "outputs: out/demo (part-*.parquet, manifest.json); look inside with: .venv/bin/spcli inspect out/demo"
 
-VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py
+VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py \
+	tests/test_vllm_ray.py
 
 # the two venvs and the browser install side by side (their downloads overlap); then the two suites side by
 # side, each one's output printed whole when it ends: the hf suite's workers wait on Slurm and subprocesses

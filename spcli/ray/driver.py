@@ -31,6 +31,7 @@ log = logging.getLogger("spcli")
 
 MAX_DEATHS = 3  # actors of one slot that may die in a row on the same work before the run gives up
 POLL_S = 0.5  # how often the driver looks at progress and a stop while actors run
+CLOSE_S = 60.0  # how long finished actors may take to end their engines before they are ended
 
 
 def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
@@ -148,6 +149,7 @@ def _drive(ray, cfg: RunConfig, shards, slots, progress: Progress, stop: StopReq
                     hand_out(x)
         relay()
         assert work.is_empty, "every shard was handed out and finished"
+        ray.wait([a.close.remote() for a in actors.values()], num_returns=len(actors), timeout=CLOSE_S)
     finally:
         for a in actors.values():
             ray.kill(a, no_restart=True)

@@ -50,6 +50,12 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    def close(self) -> None:
+        """End the engines (vLLM's own processes with them) before the driver ends this actor."""
+        for engine in self.engines.values():
+            getattr(engine, "close", lambda: None)()
+        self.engines.clear()
+
     def run(self, slot: int, owned: tuple[str, ...], num_slots: int) -> dict:
         """Run the shards of `slot` not done yet (`owned`: every shard its manifest lists, or will list)."""
         from spcli.run import WorkerShare, run
