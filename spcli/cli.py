@@ -39,6 +39,26 @@ def _usage_name(self) -> str:
 
 
 typer.core.TyperArgument._usage_display_name = _usage_name
+
+
+def bare_ray(args: list[str]) -> list[str]:
+    """`--ray [ADDRESS]`: a bare --ray (last, or before another option or an existing input) is `--ray=`, a local
+    cluster (click's options take a value or none, never an optional one)."""
+    import os
+
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--":
+            break
+        following = out[i + 1] if i + 1 < len(out) else None
+        if a == "--ray" and (following is None or following.startswith("-") or os.path.exists(following)):
+            out[i] = "--ray="
+    return out
+
+
+class RunCommand(typer.core.TyperCommand):
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, bare_ray(args))
 help_panels.install()  # options in panels (Input, Model and speculator, ...), no name cut at 80 columns
 
 
@@ -66,7 +86,7 @@ def _root(
     setup_logging("DEBUG" if verbose else log_level, quiet, log_json)
 
 
-@app.command()
+@app.command(cls=RunCommand)
 def run(
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT", help="JSONL (.jsonl, .jsonl.gz) or Parquet shards, globs or directories.", show_default=False)],
     out: Annotated[str, typer.Option("--out", "-o", help="Output directory (created; resumed when it exists).")],
@@ -124,6 +144,8 @@ def run(
     max_num_seqs: Annotated[Optional[int], typer.Option(help="vllm: most requests in one scheduler step. Default: vLLM's.")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="vllm: auto (the model's dtype) or fp8 (half the KV bytes per token).")] = "auto",
     speculator_placement: Annotated[str, typer.Option(help="vllm: workers (a speculator replica on every GPU, each scoring its share of a batch), driver (one copy in this process, on --device; on a CPU it scores while vLLM starts) or auto (workers on GPUs, driver on a CPU).")] = "auto",
+    ray: Annotated[Optional[str], typer.Option("--ray", metavar="[ADDRESS]", help="Run on a Ray cluster: a pool of actors, one engine each, that take shards as they free up (a manifest per actor, as Slurm tasks have; a lost actor's work is taken over from its last commit). Alone: ray.init() (RAY_ADDRESS, else a new local cluster); auto: the cluster started on this machine (ray start --head); host:port or ray://host:port: that one. Give it after the inputs (or --ray=ADDRESS). Needs specprefill-cli[ray] (docs/guide/ray.md).", show_default=False)] = None,
+    ray_workers: Annotated[Optional[int], typer.Option(help="--ray: actors in the pool. Default: the cluster's GPUs / --tp (vllm) or GPUs (hf); on CPUs, one per 4 CPUs.", show_default=False)] = None,
     speculator_overlap: Annotated[str, typer.Option(help="vllm, workers: on = each replica scores the next window on a thread (and CUDA stream) of its own while vLLM runs the current one; off = scoring and vLLM's steps take turns; auto = on with GPUs, off on CPU (no spare cores).")] = "auto",
 ) -> None:
     """Run Speculative Prefill over prompt shards; write outputs and kept-token masks to --out.

@@ -274,6 +274,8 @@ class RunConfig:
     force: bool = False
     retry_failed: bool = False  # redo the committed error rows (each replaced in place), then go on
     pass_through: tuple[str, ...] = ()  # input columns copied into the output rows (a comma-separated string is split)
+    ray: str | None = None  # None: this process; "": a local Ray cluster (started or joined); else its address
+    ray_workers: int | None = None  # actors of a Ray run (None: as many as the cluster's GPUs or CPUs hold)
     select: SelectConfig = field(default_factory=SelectConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
@@ -296,6 +298,11 @@ class RunConfig:
         columns = self.pass_through.split(",") if isinstance(self.pass_through, str) else self.pass_through or ()
         object.__setattr__(self, "pass_through", tuple(dict.fromkeys(c.strip() for c in columns)))
         _check(all(self.pass_through), f"--pass-through takes column names, comma-separated, got {self.pass_through}")
+        _check(self.ray_workers is None or self.ray_workers >= 1, f"--ray-workers must be >= 1, got {self.ray_workers}")
+        _check(self.ray_workers is None or self.ray is not None, "--ray-workers needs --ray")
+        _check(self.ray is None or not (self.fresh or self.retry_failed),
+               "--ray takes no --fresh or --retry-failed yet: use a new --out directory, or run --retry-failed "
+               "without --ray")
 
     @property
     def hf_batch(self) -> int:
@@ -309,7 +316,7 @@ class RunConfig:
         """Everything that changes outputs (inputs' identity is added by the manifest)."""
         d = self.to_dict()
         for k in ("inputs", "out", "batch_size", "commit_interval", "speculator_chunk", "fresh", "force", "retry_failed",
-                  "device"):
+                  "device", "ray", "ray_workers"):
             d.pop(k)
         d["score"].pop("impl")
         if d["select"]["keep"] == AUTO:  # the budget's criterion changed with issue 20: older auto outputs differ

@@ -27,6 +27,20 @@ def tiny_dir(tmp_path_factory, smollm2_dir) -> Path:
     return build_tiny(tmp_path_factory.mktemp("tiny") / "model", smollm2_dir)
 
 
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One real local Ray cluster per test session, on loopback, with 2 CPUs: the Ray tests share it (they are
+    one xdist group, so under `make test` one worker starts it). Yields its address for driver subprocesses."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING",
+             log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
 @pytest.fixture()
 def write_jsonl(tmp_path):
     def write(rows: list, name: str = "in.jsonl") -> Path:

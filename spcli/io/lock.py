@@ -22,14 +22,15 @@ class WriterLock:
     is only taken over by the same Slurm job (a requeue), since its pid cannot be checked from here.
     """
 
-    def __init__(self, out: Path, task_index: int | None, warn=print):
+    def __init__(self, out: Path, task_index: int | None, warn=print, job: str | None = None):
         self.path = out / (".lock" if task_index is None else f".lock-task-{task_index:05d}")
         self.warn = warn
+        self.job = job  # a Ray run's id (spcli/ray/driver.py): its actors take over each other's locks, as a requeue does
         self.held = False
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "job": os.environ.get("SLURM_JOB_ID"), "time": time.time()}
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "job": self.job or os.environ.get("SLURM_JOB_ID"), "time": time.time()}
         for _ in range(20):
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -111,13 +111,32 @@ def collect(out, ask_slurm: bool = True) -> RunStatus:
         own = sub.task_shards(i) if sub and i is not None else _own_shards(doc) if doc else None
         state = None if states is None or i is None else states.get(i)
         tasks.append(_task(out, job_id, i, own, progress, doc, attempts.get(i, []), state))
+    tasks += _ray_not_started(docs)
     return RunStatus(str(out), job_id, states is not None, tasks, config_history(docs))
 
 
 def _own_shards(doc: dict) -> list[str]:
-    """The shards a manifest's run was given (its fingerprint's inputs; else every shard it lists)."""
+    """The shards a manifest's run was given (its fingerprint's inputs; else every shard it lists). A Ray actor
+    slot's are those it lists: its fingerprint names every input of the job (spcli/ray/slots.py)."""
+    if (doc.get("task") or {}).get("ray"):
+        return [p["path"] for p in doc["shards"].values()]
     inputs = (doc.get("fingerprint_fields") or {}).get("inputs")
     return [s["path"] for s in inputs] if inputs is not None else [p["path"] for p in doc["shards"].values()]
+
+
+def _ray_not_started(docs: list[dict]) -> list[TaskStatus]:
+    """`spcli run --ray`: the job's shards that no actor slot has started yet, as one waiting row (task `-`)."""
+    ray_docs = [d for d in docs if (d.get("task") or {}).get("ray")]
+    if not ray_docs:
+        return []
+    listed = {p["path"] for d in ray_docs for p in d["shards"].values()}
+    inputs = [s["path"] for s in (ray_docs[0].get("fingerprint_fields") or {}).get("inputs", [])]
+    left = [p for p in inputs if p not in listed]
+    if not left:
+        return []
+    return [TaskStatus(index=None, phase="waiting", state="NOT_STARTED", shards=len(left), shards_done=0, rows=0,
+                       rows_total=None, failed_rows=0, requeues=0, exit_code=None,
+                       message="shards no Ray actor has started: run the same spcli run --ray command to go on")]
 
 
 def _latest_job(docs: list[dict]) -> str | None:

@@ -120,6 +120,8 @@ def existing_task_count(out: Path) -> int | None:
     counts = set()
     for doc in read_manifests(out):
         task = doc.get("task")
+        if task is not None and task.get("ray"):
+            raise OutputError(f"{out} holds a run made by spcli run --ray; submit into a new --out directory")
         if task is None:
             raise OutputError(f"{out} holds a run made outside a Slurm array (manifest.json); "
                               "submit into a new --out directory")

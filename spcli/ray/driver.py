@@ -1,0 +1,183 @@
+"""`spcli run ... --ray [ADDRESS]`: the job on a pool of Ray actors, with a manifest per actor slot.
+
+The driver checks the inputs, joins the cluster, starts one actor per worker (each in a placement group of
+its own: spcli/ray/cluster.py) and hands each free actor its next work (spcli/ray/slots.py); Ray schedules
+and runs them. An actor that dies (its node lost, killed, out of memory) is replaced by a new one in the
+same slot, which resumes after the slot's last commit: no row is lost, none is written twice. A stopped
+or killed driver takes its actors with it (they are its children in Ray); the same command resumes.
+Progress shows every actor's committed rows; the done line is the directory's, as `spcli run`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+
+from spcli.config import RunConfig
+from spcli.errors import EngineDied, Interrupted, OutputError, SpcliError
+from spcli.io.lock import WriterLock
+from spcli.io.manifest import read_manifests
+from spcli.io.read import check_shard, count_rows
+from spcli.io.records import discover
+from spcli.progress import Progress
+from spcli.ray.cluster import actor_shape, connect, require_ray
+from spcli.ray.slots import Work, WorkQueue, read_slots
+from spcli.ray.worker import Worker
+from spcli.stop import StopRequest
+
+log = logging.getLogger("spcli")
+
+MAX_DEATHS = 3  # actors of one slot that may die in a row on the same work before the run gives up
+POLL_S = 0.5  # how often the driver looks at progress and a stop while actors run
+CLOSE_S = 60.0  # how long finished actors may take to end their engines before they are ended
+
+
+def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
+    from spcli.run import RunSummary, check_out, prepare_out
+
+    out = Path(cfg.out)
+    check_out(out)
+    shards = discover(cfg.inputs, exclude=out)
+    for s in shards:
+        warning = check_shard(s, cfg.fields)
+        if warning is not None:
+            log.warning("%s", warning)
+    slots = read_slots(out)
+    paths = [s.path for s in shards]
+    if slots.owner and not set(slots.owner) <= set(paths):
+        gone = sorted(set(slots.owner) - set(paths))
+        raise OutputError(f"{out}: shard {gone[0]} was run here and is no longer among the inputs; give the same inputs")
+    progress = progress or Progress(total=None)
+    if all(p in slots.done for p in paths):
+        return _summary(RunSummary, out, len(shards), progress, 0.0, nothing_to_do=True)
+    ray = require_ray()
+    started = connect(cfg.ray)
+    existed = out.exists()
+    prepare_out(out)
+    lock = WriterLock(out, None, warn=log.warning)  # one driver per directory; each slot has its own lock
+    t0 = time.perf_counter()
+    try:
+        with StopRequest(log=log.warning) as stop:
+            lock.acquire()
+            try:
+                _drive(ray, cfg, shards, slots, progress, stop)
+            finally:
+                lock.release()
+    except BaseException:
+        if not existed and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+    progress.close()
+    return _summary(RunSummary, out, len(shards), progress, time.perf_counter() - t0)
+
+
+def _drive(ray, cfg: RunConfig, shards, slots, progress: Progress, stop: StopRequest) -> None:
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.queue import Empty, Queue
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    shape = actor_shape(cfg, ray.cluster_resources())
+    work = WorkQueue([s.path for s in shards], slots, shape.num_workers)
+    left = [s for s in shards if s.path not in slots.done]
+    totals = [slots.total_rows.get(s.path) if s.path in slots.owner else None for s in left]
+    total = sum((t if t is not None else count_rows(s)) - slots.rows.get(s.path, 0) for s, t in zip(left, totals))
+    done_before = sum(slots.rows.values())
+    log.info("ray: %d actor(s), each %s, for %d shard(s) (%d rows to do) into %s", shape.num_workers,
+             ", ".join(f"{v:g} {k}" for k, v in shape.bundle.items()), len(left), total, cfg.out)
+    if done_before:
+        log.info("resuming: %d rows already committed", done_before)
+    progress.start(total=total, done=done_before)
+    queue = Queue(actor_options={"num_cpus": 0})
+    remote = ray.remote(Worker)
+    run_id = uuid.uuid4().hex[:12]
+    level = logging.getLevelName(log.getEffectiveLevel())
+    groups = [placement_group([shape.bundle], strategy="STRICT_PACK") for _ in range(shape.num_workers)]
+
+    def start(w: int):
+        strategy = PlacementGroupSchedulingStrategy(groups[w], placement_group_bundle_index=0,
+                                                    placement_group_capture_child_tasks=True)
+        return remote.options(num_cpus=shape.bundle.get("CPU", 0), num_gpus=shape.bundle.get("GPU", 0),
+                              scheduling_strategy=strategy, max_restarts=0).remote(cfg, run_id, queue, level)
+
+    actors = {w: start(w) for w in range(shape.num_workers)}
+    running: dict = {}  # ObjectRef -> (worker, Work)
+    deaths: dict[int, int] = {}
+
+    def hand_out(w: int) -> None:
+        item = work.take(w)
+        if item is not None:
+            running[actors[w].run.remote(item.slot, item.owned, work.num_slots)] = (w, item)
+
+    def relay() -> None:
+        while True:
+            try:
+                progress.update(queue.get_nowait())
+            except Empty:
+                return
+
+    try:
+        for w in actors:
+            hand_out(w)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
+            relay()
+            if stop.requested:
+                raise Interrupted(f"stopped by {stop.signal_name}: the actors were ended, what they committed is "
+                                  "kept; run the same command again to resume")
+            for ref in ready:
+                w, item = running.pop(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    _replace(w, item, e, work, deaths)
+                    ray.kill(actors[w], no_restart=True)
+                    actors[w] = start(w)
+                except ray.exceptions.RayTaskError as e:
+                    cause = getattr(e, "cause", None)
+                    raise cause if isinstance(cause, SpcliError) else e
+                else:
+                    work.finish(item)
+                    deaths.pop(item.slot, None)
+                hand_out(w)
+                idle = [x for x in actors if all(x != v[0] for v in running.values())]
+                for x in idle:
+                    hand_out(x)
+        relay()
+        assert work.is_empty, "every shard was handed out and finished"
+        ray.wait([a.close.remote() for a in actors.values()], num_returns=len(actors), timeout=CLOSE_S)
+    finally:
+        for a in actors.values():
+            ray.kill(a, no_restart=True)
+        for g in groups:
+            remove_placement_group(g)
+        ray.kill(queue.actor, no_restart=True)
+
+
+def _replace(w: int, item: Work, error, work: WorkQueue, deaths: dict[int, int]) -> None:
+    deaths[item.slot] = deaths.get(item.slot, 0) + 1
+    if deaths[item.slot] > MAX_DEATHS:
+        raise EngineDied(f"ray: {MAX_DEATHS + 1} actors in a row died on slot {item.slot} ({', '.join(item.paths)}); "
+                         f"the last: {str(error).splitlines()[0]}; committed rows are kept: run the same command again "
+                         "to resume")
+    log.warning("ray: actor %d died (%s); a new actor takes over slot %d from its last commit (%s)", w,
+                str(error).splitlines()[0], item.slot, ", ".join(item.paths))
+    work.give_back(item)
+
+
+def _summary(RunSummary, out: Path, num_shards: int, progress: Progress, wall_s: float, nothing_to_do: bool = False):
+    """The directory's totals over every slot's manifest, and this run's own figures."""
+    docs = read_manifests(out) if out.is_dir() else []
+    shards = [p for d in docs for p in d["shards"].values()]
+    total = [p.get("total_rows") for p in shards]
+    return RunSummary(
+        out, rows=sum(p["rows"] for p in shards), failed=sum(p["failed"] for p in shards),
+        prompt_tokens=sum(p["prompt_tokens"] for p in shards), kept_tokens=sum(p["kept_tokens"] for p in shards),
+        wall_s=sum(d.get("wall_s", 0.0) for d in docs), shards=num_shards,
+        rows_total=None if None in total else sum(total), rows_this_run=progress.rows, wall_this_run_s=wall_s,
+        nothing_to_do=nothing_to_do, prompt_tokens_this_run=progress.prompt_tokens,
+        kept_tokens_this_run=progress.kept_tokens, output_tokens_this_run=progress.output_tokens)

@@ -1,0 +1,168 @@
+"""`spcli run --ray` on a real local Ray cluster (tests/conftest.py `ray_cluster`: 2 CPUs, loopback), hf engine,
+tiny model: the same rows as `spcli run`; an actor SIGKILLed mid-job; a driver SIGKILLed and resumed.
+
+Drivers run in-process (CliRunner, joining the session's cluster) or as `python -m spcli` subprocesses given the
+cluster's address, as a user's would be. An actor's process is found by its slot's lock file (host, pid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spcli.cli import app
+from spcli.errors import OutputError
+from test_run import read_outputs
+
+pytestmark = pytest.mark.xdist_group("ray")  # one worker: the Ray tests share the session's cluster
+
+ARGS = ["--keep", "0.3", "--min-tokens", "16", "--min-free", "0", "--unit", "chunk", "--keep-last", "8", "--chunk", "8",
+        "--max-tokens", "4", "--dtype", "float32", "--lookahead", "2", "--speculator", "self:2",
+        "--batch-size", "2", "--commit-interval", "0"]
+DEADLINE_S = 240
+
+
+def make_shards(tmp_path: Path, num_shards: int, rows: int, bad_in: int | None = 1) -> list[str]:
+    """JSONL shards of `rows` prompts each (ids s<k>r<i>); shard `bad_in` ends with a malformed line."""
+    paths = []
+    for k in range(num_shards):
+        path = tmp_path / f"in{k}.jsonl"
+        lines = [json.dumps({"id": f"s{k}r{i}", "prompt": " ".join(f"word{(i * 7 + j + k) % 50}" for j in range(60 + 9 * i))})
+                 for i in range(rows)]
+        if k == bad_in:
+            lines.append('{"id": "broken", "prompt": ')
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(str(path))
+    return paths
+
+
+def comparable(rows: list[dict]) -> dict[str, tuple]:
+    return {r["id"]: (r["output"], r["kept_indices"], r["num_prompt_tokens"], r["error"]) for r in rows}
+
+
+def assert_exactly_once(rows: list[dict], expected: int) -> None:
+    counts = Counter(r["id"] for r in rows)
+    assert [i for i, c in counts.items() if c > 1] == []
+    assert len(counts) == expected
+
+
+def driver(inputs: list[str], out: Path, model: Path, address: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "spcli", "run", *inputs, "--out", str(out), "--model", str(model), *ARGS,
+            "--ray", address, "--ray-workers", "2"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def committed(out: Path) -> list[tuple[int, dict]]:
+    """(slot, shard progress) for every shard a slot's manifest lists."""
+    found = []
+    for path in out.glob("manifest-task-*.json"):
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue  # never half-written (atomic replace); gone between glob and read at worst
+        found += [(doc["task"]["index"], p) for p in doc["shards"].values()]
+    return found
+
+
+def lock_pid(out: Path, slot: int) -> int | None:
+    try:
+        return json.loads((out / f".lock-task-{slot:05d}").read_bytes())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def poll(what: str, check, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the driver ended (exit {proc.returncode}) before {what}:\n{proc.stdout.read()[-3000:]}")
+        time.sleep(0.02)
+    pytest.fail(f"no {what} within {DEADLINE_S} s")
+
+
+def test_ray_run_same_rows_as_plain_run(tmp_path, tiny_dir, ray_cluster):
+    inputs = make_shards(tmp_path, 3, 4)
+    plain, on_ray = tmp_path / "plain", tmp_path / "ray"
+    res = CliRunner().invoke(app, ["run", *inputs, "--out", str(plain), "--model", str(tiny_dir), *ARGS])
+    assert res.exit_code == 0, res.output
+    cmd = ["run", *inputs, "--out", str(on_ray), "--model", str(tiny_dir), *ARGS, "--ray", "--ray-workers", "2"]
+    res = CliRunner().invoke(app, cmd)
+    assert res.exit_code == 0, res.output
+    assert "done: 13 rows (1 failed" in res.output
+    rows = read_outputs(on_ray)
+    assert_exactly_once(rows, 13)
+    assert comparable(rows) == comparable(read_outputs(plain))
+    [bad] = [r for r in rows if r["error"] is not None]
+    assert bad["error"].startswith(f"{inputs[1]}:line 5: malformed JSON")
+    assert sorted(p.name for p in on_ray.glob("manifest*.json")) == ["manifest-task-00000.json", "manifest-task-00001.json"]
+    status = CliRunner().invoke(app, ["status", str(on_ray)])
+    assert status.exit_code == 0, status.output
+    again = CliRunner().invoke(app, cmd)
+    assert again.exit_code == 0 and again.output.startswith("nothing to do: 13 rows already done"), again.output
+    refused = CliRunner().invoke(app, ["run", *inputs, "--out", str(on_ray), "--model", str(tiny_dir), *ARGS])
+    assert isinstance(refused.exception, OutputError) and "made by spcli run --ray" in str(refused.exception)
+
+
+def test_ray_actor_killed_then_driver_killed_every_id_once(tmp_path, tiny_dir, ray_cluster):
+    """One job, two deaths: an actor SIGKILLed mid-shard (its slot is taken over by a new actor from its last
+    commit), then the driver SIGKILLed (its actors end with it); the same command, run again, finishes the job
+    with every id exactly once. (One job for both: each start of a driver and its actors costs ~10 s of imports.)"""
+    inputs = make_shards(tmp_path, 5, 12)
+    out = tmp_path / "out"
+    proc = driver(inputs, out, tiny_dir, ray_cluster)
+    try:
+        def victim():  # an actor with a committed part of a shard it has not finished
+            for slot, prog in committed(out):
+                if prog["parts"] and not prog["done"]:
+                    pid = lock_pid(out, slot)
+                    return pid and (slot, pid, prog["path"], prog["rows"])
+
+        slot, pid, path, rows_then = poll("actor mid-shard", victim, proc)
+        os.kill(pid, signal.SIGKILL)
+
+        def taken_over():  # a new actor holds the slot and has committed more of that shard
+            rows = [p["rows"] for s, p in committed(out) if s == slot and p["path"] == path]
+            new = lock_pid(out, slot)
+            return new not in (None, pid) and rows and rows[0] > rows_then and new
+
+        new_pid = poll("takeover of the killed actor's slot", taken_over, proc)
+        pids = {new_pid, *(p for s in range(2) if (p := lock_pid(out, s)))}
+        proc.kill()  # the driver, mid-job
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert f"takes over slot {slot}" in output, output
+    assert not is_alive(pid)
+    before = sum(p["rows"] for _, p in committed(out))
+    assert 0 < before < 61, "the driver was killed mid-job"
+    poll("end of the killed driver's actors", lambda: not any(map(is_alive, pids)))  # Ray ends a dead driver's actors
+    res = CliRunner().invoke(app, ["run", *inputs, "--out", str(out), "--model", str(tiny_dir), *ARGS,
+                                   "--ray", "--ray-workers", "2"])
+    assert res.exit_code == 0, res.output
+    done = [line for line in res.output.splitlines() if line.startswith("done:")]
+    assert done and done[0].startswith("done: 61 rows in total (1 failed"), res.output
+    assert f"this run: {61 - before} new rows" in done[0]
+    rows = read_outputs(out)
+    assert_exactly_once(rows, 5 * 12 + 1)
+    assert [r["id"] for r in rows if r["error"] is not None] == ["in1:12"]
+    assert all(p["done"] for _, p in committed(out))

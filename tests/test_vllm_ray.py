@@ -1,0 +1,37 @@
+"""`spcli run --engine vllm --ray` on a real local Ray cluster (tests/conftest.py `ray_cluster`, 2 CPUs): vLLM's
+CPU build in one Ray actor. Run with the vLLM venv (`make test-vllm`). Base: SmolLM2-135M-Instruct in float32;
+speculator: conftest's tiny random Llama; the rows (kept indices, text) are the hf engine's in `spcli run`, as
+tests/test_vllm_run.py shows for vLLM outside Ray. One vLLM start (~30 s here) inside the actor."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from spcli.cli import app
+from test_ray_run import assert_exactly_once, comparable
+from test_run import read_outputs
+from test_vllm_run import COMMON, PRUNED, chat_rows, needs_vllm
+
+pytestmark = [needs_vllm, pytest.mark.xdist_group("ray")]
+
+
+def test_ray_vllm_actor_rows_are_the_hf_runs(tmp_path, tiny_dir, ray_cluster):
+    rows = chat_rows()
+    inputs = []
+    for k, part in enumerate((rows[:3], rows[3:])):
+        path = tmp_path / f"chat{k}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in part) + ("{broken\n" if k else ""))
+        inputs.append(str(path))
+    common = [*inputs, "--speculator", str(tiny_dir), *COMMON, *PRUNED]
+    hf = CliRunner().invoke(app, ["run", *common, "--out", str(tmp_path / "hf"), "--engine", "hf"])
+    assert hf.exit_code == 0, hf.output
+    res = CliRunner().invoke(app, ["run", *common, "--out", str(tmp_path / "ray"), "--engine", "vllm", "--ray",
+                                   "--ray-workers", "1"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert "done: 7 rows (1 failed" in res.output
+    got = read_outputs(tmp_path / "ray")
+    assert_exactly_once(got, 7)
+    assert comparable(got) == comparable(read_outputs(tmp_path / "hf"))
