@@ -13,7 +13,7 @@ from test_run import read_outputs
 
 pytestmark = pytest.mark.xdist_group("ray")  # one worker: the Ray tests share the session's cluster
 
-FLAGS = dict(keep="0.3", min_tokens=16, min_free=0, unit="chunk", keep_last=8, chunk=8, max_tokens=4, dtype="float32",
+FLAGS = dict(keep="0.3", min_tokens=16, max_prune_cost=float("inf"), min_free=0, unit="chunk", keep_last=8, chunk=8, max_tokens=4, dtype="float32",
              lookahead=2, speculator="self:2")
 
 

@@ -22,10 +22,11 @@ from typer.testing import CliRunner
 from spcli.cli import app
 from spcli.errors import OutputError
 from test_run import read_outputs
+from tiny_models import ALWAYS_PRUNE
 
 pytestmark = pytest.mark.xdist_group("ray")  # one worker: the Ray tests share the session's cluster
 
-ARGS = ["--keep", "0.3", "--min-tokens", "16", "--min-free", "0", "--unit", "chunk", "--keep-last", "8", "--chunk", "8",
+ARGS = ["--keep", "0.3", "--min-tokens", "16", *ALWAYS_PRUNE, "--min-free", "0", "--unit", "chunk", "--keep-last", "8", "--chunk", "8",
         "--max-tokens", "4", "--dtype", "float32", "--lookahead", "2", "--speculator", "self:2",
         "--batch-size", "2", "--commit-interval", "0"]
 DEADLINE_S = 240
