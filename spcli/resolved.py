@@ -21,7 +21,7 @@ from spcli import models, profiles
 from spcli.config import RunConfig
 from spcli.device import pick_device
 from spcli.dtype import resolve_dtype
-from spcli.engine.load import parse_self, scoring_path
+from spcli.engine.load import check_base_positions, max_positions_of, parse_self, read_config, scoring_path
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,9 @@ def resolve_run(cfg: RunConfig) -> ResolvedRun:
     placement = placement_for(cfg.vllm.speculator_placement, device, cfg.vllm.speculator_overlap)
     cfg = dataclasses.replace(cfg, vllm=dataclasses.replace(cfg.vllm, speculator_placement=placement))
     prunes = cfg.select.prunes
+    if prunes:
+        base_config = read_config(model_path)
+        check_base_positions(base_config, max_positions_of(base_config), cfg.model)
     speculator_path = models.locate(speculator) if prunes and parse_self(speculator) is None else None
     scoring = scoring_path(model_path, speculator, speculator_path) if prunes else None
     return ResolvedRun(cfg, model_path, speculator, speculator_path, dtype_why, device, source, scoring)

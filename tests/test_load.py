@@ -85,3 +85,37 @@ def test_plain_llama3_rope_and_rope_falcon_pass(config_kwargs):
     from types import SimpleNamespace as PretrainedConfig  # config.json's fields as attributes; no validation
 
     load.check_full_attention(PretrainedConfig(**config_kwargs), 4096, "ok-model", "speculator")
+
+
+def test_a_sliding_window_base_is_refused_before_anything_loads_unless_nothing_is_pruned(tmp_path, smollm2_dir):
+    """Issue 40: the base prefills kept tokens at their positions; a window over the cache counts kept tokens, so a
+    pruned prompt would attend further back than its full prefill. Refused by the one resolved run (both engines,
+    before vLLM is imported); keep 1.0 prunes nothing and runs."""
+    from spcli.config import RunConfig, SelectConfig
+    from spcli.resolved import resolve_run
+
+    path = str(build_tiny_mistral(tmp_path / "mistral", smollm2_dir, sliding_window=256))
+    for engine in ("hf", "vllm"):
+        cfg = RunConfig(inputs=("x",), out="x", model=path, speculator="self:1", engine=engine, device="cpu",
+                        select=SelectConfig(keep=0.3))
+        with pytest.raises(ConfigError, match=r"base model '.*mistral' uses sliding-window attention \(config.json "
+                                              r"sliding_window = 256 < the 4096 positions"):
+            resolve_run(cfg)
+    whole = RunConfig(inputs=("x",), out="x", model=path, engine="hf", device="cpu", select=SelectConfig(keep=1.0))
+    assert resolve_run(whole).model_path.name == "mistral"
+
+
+@pytest.mark.parametrize("config_kwargs, reason", [
+    ({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}},
+     "uses longrope"),
+    ({"model_type": "bloom"}, "uses ALiBi"),
+    ({"model_type": "mistral", "sliding_window": 512}, "uses sliding-window attention"),
+])
+def test_base_models_whose_positions_pruning_cannot_keep_are_refused(config_kwargs, reason):
+    from types import SimpleNamespace as PretrainedConfig  # config.json's fields as attributes; no validation
+
+    with pytest.raises(ConfigError, match=rf"base model 'odd-base' {reason}"):
+        load.check_base_positions(PretrainedConfig(**config_kwargs), 4096, "odd-base")
+    load.check_base_positions(PretrainedConfig(model_type="mistral", sliding_window=4096), 4096, "ok-base")
+    load.check_base_positions(PretrainedConfig(model_type="qwen2", sliding_window=512, use_sliding_window=False),
+                              4096, "ok-base")

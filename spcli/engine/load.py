@@ -172,7 +172,7 @@ def speculator_tokens(base_tokenizer, speculator: str, path: Path | None = None)
             "tokenizer or self:K"
         )
     return SpeculatorTokens(tokenizer, eos_ids_of(path, tokenizer),
-                            int(getattr(read_config(path), "max_position_embeddings", None) or 1 << 30))
+                            max_positions_of(read_config(path)))
 
 
 def scoring_path(base_path: Path, speculator: str, speculator_path: Path | None = None) -> str:
@@ -234,24 +234,51 @@ def check_position_scheme(config, name: str, role: str) -> None:
                           "Use a RoPE model, or --keep 1.0")
 
 
+def sliding_window(config, max_prompt_tokens: int) -> tuple[int, str] | None:
+    """(window, the config.json field that sets it) where a prompt of up to `max_prompt_tokens` can exceed a
+    sliding attention window some layer uses; None for full attention (or a window no prompt exceeds)."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if isinstance(layer_types, list) and "sliding_attention" not in layer_types:
+        return None
+    if max_prompt_tokens <= window:
+        return None  # every prompt fits in the window
+    return window, "sliding_window" + (" (layer_types has sliding_attention layers)" if isinstance(layer_types, list) else "")
+
+
 def check_full_attention(config, max_prompt_tokens: int, name: str, role: str) -> None:
     """A speculator's cache must hold all n keys of every layer: refuse a sliding-window model (Mistral,
     Gemma 2/3), whose cache keeps only the last window, unless no prompt can exceed that window; and a position
     scheme scoring cannot reproduce (check_position_scheme)."""
     check_position_scheme(config, name, role)
-    window = getattr(config, "sliding_window", None)
-    if not window or getattr(config, "use_sliding_window", True) is False:
+    found = sliding_window(config, max_prompt_tokens)
+    if found is None:
         return
-    layer_types = getattr(config, "layer_types", None)
-    if isinstance(layer_types, list) and "sliding_attention" not in layer_types:
-        return
-    if max_prompt_tokens <= window:
-        return  # every prompt fits in the window: the cache holds all n keys
-    field = "sliding_window" + (" (layer_types has sliding_attention layers)" if isinstance(layer_types, list) else "")
+    window, field = found
     raise ConfigError(
         f"{role} {name!r} uses sliding-window attention (config.json {field} = {window} < the "
         f"{max_prompt_tokens} positions a prompt may have): its cache keeps only the last {window} keys, so "
         "scoring would see the wrong tokens. Use a full-attention speculator (--speculator NAME|FOLDER) or --keep 1.0"
+    )
+
+
+def check_base_positions(config, max_prompt_tokens: int, name: str) -> None:
+    """The base prefills the kept tokens at their original positions: refuse what cannot (issue 40), on either
+    engine and before anything loads. longrope and ALiBi as for a speculator (check_position_scheme); a sliding
+    window counts kept tokens, not positions (vLLM's and transformers' windows are over the cache), so a pruned
+    prompt would attend over a wider span of the document than its full prefill does."""
+    check_position_scheme(config, name, "base model")
+    found = sliding_window(config, max_prompt_tokens)
+    if found is None:
+        return
+    window, field = found
+    raise ConfigError(
+        f"base model {name!r} uses sliding-window attention (config.json {field} = {window} < the "
+        f"{max_prompt_tokens} positions a prompt may have): its window counts the kept tokens, not their "
+        "positions, so a pruned prompt would attend further back than the full prompt does. Use a "
+        "full-attention base model, or --keep 1.0 (no pruning)"
     )
 
 
@@ -372,7 +399,12 @@ def read_base(path: Path) -> BaseFiles:
     eos_ids = eos_ids_of(path, tokenizer)
     pad = tokenizer.pad_token_id
     return BaseFiles(path, tokenizer, eos_ids, int(pad if pad is not None else min(eos_ids, default=0)),
-                     int(getattr(read_config(path), "max_position_embeddings", None) or 1 << 30))
+                     max_positions_of(read_config(path)))
+
+
+def max_positions_of(config) -> int:
+    """config.json's max_position_embeddings (unbounded where it has none)."""
+    return int(getattr(config, "max_position_embeddings", None) or 1 << 30)
 
 
 UNREAD = object()  # open_stack's speculator_tokens: not read yet (the stack reads them on first use)
