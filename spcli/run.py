@@ -113,13 +113,17 @@ def prepare_out(out: Path) -> Path:
 
 
 def fingerprint_fields(resolved: ResolvedRun, shards: list[Shard]) -> dict:
-    from spcli.engine.load import CROSS_TOKENIZER
+    from spcli.engine.load import CROSS_TOKENIZER, load_tokenizer
 
     fields = resolved.cfg.fingerprint_fields()
     fields["model_path"] = str(resolved.model_path)
     fields["speculator"] = resolved.speculator
     if resolved.scoring == CROSS_TOKENIZER:  # absent for the same ids, as before: old directories still resume
         fields["scoring"] = resolved.scoring
+    if getattr(load_tokenizer(resolved.model_path), "chat_template", None) is not None:
+        # a raw prompt with an instruction reads through the chat template since issue 40 (tokenize.chat_form): a
+        # directory made before then (raw text) is refused on resume rather than mixing the two forms
+        fields["raw_prompt_with_instruction"] = "chat template"
     fields["dtype"] = resolved.dtype  # what the models load in
     fields["device_type"] = resolved.device.type  # cpu and cuda kernels round bf16 differently
     fields["inputs"] = [{k: v for k, v in s.items() if k != "index"} for s in input_identity(shards)]

@@ -21,7 +21,7 @@ from spcli.config import GenerateConfig, RunConfig, ScoreConfig, SelectConfig
 from spcli.errors import Interrupted, OutputError
 from spcli.io import commit
 from spcli.io.lock import WriterLock
-from spcli.io.manifest import Manifest, read_manifests
+from spcli.io.manifest import Manifest, fingerprint, read_manifests
 from spcli.progress import Progress
 from spcli.run import run
 from test_bad_input import cli, last_line
@@ -129,6 +129,26 @@ def test_changed_keep_refuses_then_fresh_starts_over_and_force_appends(tmp_path,
     assert sorted(fresh) == list(range(6))
     assert fresh[2]["num_kept_tokens"] == -(-3 * fresh[2]["num_prompt_tokens"] // 10)
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", *(f"part-00000-{i:05d}.parquet" for i in range(3))]
+
+
+def test_a_directory_made_before_instructions_read_through_the_chat_template_is_refused(tmp_path, tiny_dir,
+                                                                                           write_jsonl, capsys):
+    """Issue 40: a raw prompt with an instruction reads through the chat template now; a directory whose rows were
+    made before (raw text) is refused on resume, naming the change, rather than mixing the two forms."""
+    src = write_jsonl([{"id": f"r{i}", "prompt": "word " * 40, "instruction": "Say yes."} for i in range(6)])
+    out = tmp_path / "out"
+    with pytest.raises(Interrupted):
+        run(config(src, out, tiny_dir), StopAfter(1))
+    path = out / "manifest.json"
+    data = orjson.loads(path.read_bytes())
+    assert data["fingerprint_fields"].pop("raw_prompt_with_instruction") == "chat template"
+    for entry in data["configs"]:  # as a directory of the earlier code recorded it
+        entry["fingerprint_fields"].pop("raw_prompt_with_instruction")
+        entry["fingerprint"] = fingerprint(entry["fingerprint_fields"])
+    path.write_bytes(orjson.dumps(data))
+    code, _, err = cli(argv(src, out, tiny_dir, "--keep", "0.3"), capsys)
+    assert code == 2
+    assert "holds a run with another configuration (raw_prompt_with_instruction: None -> 'chat template')" in err
 
 
 def test_a_changed_speculator_chunk_resumes_with_the_same_outputs(tmp_path, tiny_dir, write_jsonl, capsys):
