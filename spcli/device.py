@@ -46,7 +46,9 @@ def free_memory() -> None:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on `device` (CUDA kernels run ahead of the host), so that a host clock read
-    next times it; nothing to wait for on the CPU."""
+    """Wait for the work this thread queued on `device` (CUDA kernels run ahead of the host), so that a host clock
+    read next times it; nothing to wait for on the CPU. Only the thread's current stream: in a vLLM worker the
+    speculator runs on a stream of its own (replica_queue.py) and must not wait for vLLM's steps on the others,
+    as `torch.cuda.synchronize` (the whole device) would (issue 40)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()

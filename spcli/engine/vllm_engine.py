@@ -37,6 +37,7 @@ import torch
 from spcli.config import RunConfig, ScoreConfig
 from spcli.engine import load
 from spcli.engine.failures import raise_if_device_error
+from spcli.engine.ready_poll import ReadyPoll, SecondsPerToken
 from spcli.engine.replica_queue import overlaps
 from spcli.engine.request import Generation, PrunedRequest
 from spcli.engine.vllm_args import cpu_env_defaults, engine_args, read_model_config
@@ -252,6 +253,7 @@ class WorkerSpeculator:
         self.num_ranks = llm.llm_engine.vllm_config.parallel_config.world_size
         self.ranks_used: list[int] = []  # the ranks that answered the last call
         self.num_submitted = 0  # windows queued on the workers' threads (submit)
+        self.pace = SecondsPerToken()  # when a submitted window is due (ready_poll.py)
 
     def __call__(self, prompts: list[list[int]], score, chunk: int, on_stage=lambda text: None,
                  should_stop=lambda: False, with_unpooled: bool = False):
@@ -269,7 +271,8 @@ class WorkerSpeculator:
         job_id = f"spcli-window-{self.num_submitted}"
         self.num_submitted += 1
         self._rpc("spcli_submit", (job_id, *self._args(prompts, shares, score, chunk, with_unpooled)))
-        return WorkerScoring(self, job_id, shares, len(prompts))
+        most = max((sum(len(prompts[i]) for i in share) for share in shares), default=0)
+        return WorkerScoring(self, job_id, shares, len(prompts), most)
 
     def _shares(self, prompts, on_stage, should_stop) -> list[list[int]]:
         from spcli.engine.replica import balance
@@ -300,19 +303,25 @@ class WorkerSpeculator:
 
 
 class WorkerScoring:
-    """A window's scoring queued on the workers: ready() asks them (without waiting), result() collects."""
+    """A window's scoring queued on the workers: ready() asks them (without waiting; not before the window is due,
+    then at most every READY_POLL_S: ready_poll.py), result() collects."""
 
-    def __init__(self, speculator: WorkerSpeculator, job_id: str, shares: list[list[int]], num_prompts: int):
+    def __init__(self, speculator: WorkerSpeculator, job_id: str, shares: list[list[int]], num_prompts: int,
+                 most_tokens: int = 0):
         self.speculator, self.job_id, self.shares, self.num_prompts = speculator, job_id, shares, num_prompts
+        self.most_tokens = most_tokens  # the largest share's prompt tokens: what the slowest rank scores
+        self.poll = ReadyPoll(lambda: all(speculator._rpc("spcli_ready", (job_id,))),
+                              speculator.pace.expected_s(most_tokens))
 
     def ready(self) -> bool:
-        return all(self.speculator._rpc("spcli_ready", (self.job_id,)))
+        return self.poll.ready()
 
     def result(self) -> list:
         from spcli.engine.replica import gather
 
         replies = self.speculator._answered(self.speculator._rpc("spcli_collect", (self.job_id,)), self.shares)
         slowest = max((r["wall_s"] for r in replies), default=0.0)  # the workers' own time, not the wait
+        self.speculator.pace.update(slowest, self.most_tokens)
         return gather(self.shares, replies, self.num_prompts, slowest)
 
 
