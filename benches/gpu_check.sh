@@ -16,6 +16,9 @@
 #      speculator in 4 chunks (the later ones' masks in row blocks), once per
 #      --speculator-placement (workers, driver): the workers vs driver TTFT ratio (on one GPU both
 #      placements share it: this checks the replica path costs nothing, not the 8-GPU gain);
+#   2b. the same run with vLLM's GPU defaults (torch.compile + CUDA graphs, async scheduling), again with
+#      --speculator-overlap on, and with --tp 2 where 2 GPUs are visible: kept tokens equal to the eager run's,
+#      outputs compared row by row (issue 40);
 #   3. benches/vllm_peer.py on an 8B-shaped pair: Llama-3.1-8B shape with vLLM's random "dummy" weights
 #      as the base, a random Llama-3.2-1B-shape speculator: spcli (keep 0.1, both placements) vs plain
 #      vLLM full prefill TTFT;
@@ -65,7 +68,17 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-work, scale, placement = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+work, scale, variant = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+# variant: a placement (workers, driver: eager, as before), or the GPU defaults the eager runs leave out (issue 40):
+# graphs = workers with torch.compile + CUDA graphs and vLLM's async scheduling (its GPU default), overlap = that
+# plus --speculator-overlap on (the replica's own CUDA stream: its clock waits for that stream only, and the driver
+# asks for readiness by time), tp2 = graphs on 2 GPUs (a replica per rank)
+placement = "workers" if variant in ("graphs", "overlap", "tp2") else variant
+extra = {"workers": ["--enforce-eager"], "driver": ["--enforce-eager"], "graphs": ["--no-enforce-eager"],
+         "overlap": ["--no-enforce-eager", "--speculator-overlap", "on"],
+         "tp2": ["--no-enforce-eager", "--tp", "2"]}[variant]
+if not gpu:  # the tiny check on vLLM's CPU build: compiling there costs minutes; the steps are what it checks
+    extra = ["--enforce-eager" if a == "--no-enforce-eager" else a for a in extra]
 gpu = scale == "full"
 vocab = 128256 if gpu else 4096
 # Llama-3.2-1B: hidden 2048, 16 layers, 32 heads, 8 KV heads, ffn 8192 (tied embeddings).
@@ -104,13 +117,13 @@ if not base_dir.exists():  # the first placement builds what both use
             f.write(json.dumps({"id": f"p{i}", "prompt": " ".join(f"w{rng.randrange(3, vocab - 3)}" for _ in range(n))}) + "\n")
     print(f"built models and {rows} prompts of {n} words in {time.time() - t0:.0f} s", flush=True)
 main = "import sys\nfrom spcli.cli import main\nif __name__ == '__main__':\n    sys.argv[0] = 'spcli'\n    main()"
-out_dir = work / f"out_{placement}"
+out_dir = work / f"out_{variant}"
 cmd = [sys.executable, "-c", main, "run", str(work / "in.jsonl"), "--out", str(out_dir), "--engine", "vllm",
        "--speculator-placement", placement,
        "--model", str(base_dir), "--speculator", str(spec_dir), "--keep", "0.1", "--max-tokens", "16",
        "--batch-size", str(rows), "--max-model-len", str(max_len), "--dtype", "bfloat16" if gpu else "float32",
        "--speculator-chunk", str(n // 4),  # 4 prefill calls: the later ones attend in row blocks (capture.RowBlocks)
-       "--enforce-eager"]  # torch.compile + CUDA graphs would cost minutes of start-up
+       *extra]  # eager for the placements: torch.compile + CUDA graphs cost minutes of start-up
 proc = subprocess.run(cmd, capture_output=True, text=True)
 lines = [l for l in proc.stderr.splitlines() if not l.startswith("(")]  # vLLM's own lines start "(Engine..."
 print("\n".join(lines[-12:]))
@@ -120,7 +133,7 @@ out = [r for p in sorted(out_dir.glob("part-*.parquet")) for r in pq.read_table(
 ok = proc.returncode == 0 and len(out) == rows and all(r["error"] is None for r in out)
 ok = ok and all(r["num_kept_tokens"] == max(math.ceil(0.1 * r["num_prompt_tokens"]), 4 + 64) for r in out)
 ttft = sorted(r["ttft_s"] for r in out)
-print(f"e2e {placement} {'OK' if ok else 'FAILED'}: exit {proc.returncode}, {len(out)} rows, ttft median {ttft[len(ttft) // 2]:.3f} s"
+print(f"e2e {variant} {'OK' if ok else 'FAILED'}: exit {proc.returncode}, {len(out)} rows, ttft median {ttft[len(ttft) // 2]:.3f} s"
       if out else f"e2e FAILED: exit {proc.returncode}, no rows")
 sys.exit(0 if ok else 1)
 EOF
@@ -136,6 +149,32 @@ med = {p: float(re.search(r"ttft median ([0-9.]+) s", (Path(sys.argv[1]) / f"run
        for p in ("workers", "driver")}
 print(f"placement workers vs driver TTFT ratio (e2e, median row): {med['driver'] / med['workers']:.2f}x")
 EOF
+# The GPU defaults against the eager run (issue 40): same kept tokens (the speculator decides them), and the
+# outputs compared row by row (greedy on random bf16 weights: compiled kernels may round a near-tie another way,
+# so equal texts are counted, not required); TP 2 only where 2 GPUs are visible.
+variants="graphs overlap"
+[ "$SCALE" = full ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && variants="$variants tp2"
+for variant in $variants; do
+  timeout 300 "$PY" "$WORK/e2e.py" "$WORK" "$SCALE" "$variant" 2>&1 | tee "$OUT/run_$variant.txt"
+  rc=${PIPESTATUS[0]}; [ "$rc" -ne 0 ] && run_rc=$rc
+done
+"$PY" - "$WORK" $variants <<'EOF' 2>&1 | tee -a "$OUT/gpu.txt"
+import sys
+from pathlib import Path
+import pyarrow.parquet as pq
+work = Path(sys.argv[1])
+rows = lambda v: {r["id"]: r for p in sorted((work / f"out_{v}").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()}
+eager = rows("workers")
+for variant in sys.argv[2:]:
+    other = rows(variant)
+    same_kept = sum(other[i]["kept_indices"] == r["kept_indices"] for i, r in eager.items() if i in other)
+    same_text = sum(other[i]["output"] == r["output"] for i, r in eager.items() if i in other)
+    print(f"{variant} vs eager workers: {len(other)}/{len(eager)} rows, kept tokens equal {same_kept}, outputs equal {same_text}")
+    if same_kept != len(eager):
+        sys.exit(f"{variant}: the kept tokens differ from the eager run's")
+EOF
+[ "${PIPESTATUS[0]}" -ne 0 ] && run_rc=1
+[ "$SCALE" = full ] && [[ "$variants" != *tp2* ]] && echo "tp2: skipped (one GPU visible)" | tee -a "$OUT/gpu.txt"
 
 # spcli vs plain vLLM on an 8B-shaped pair: the base's folder holds config.json + tokenizer (weights: dummy),
 # the speculator is a random Llama-3.2-1B shape saved with the same tokenizer.
