@@ -97,9 +97,16 @@ def test_a_self_replica_reads_only_the_first_layers(tiny_dir):
         assert torch.equal(r.importance, decode(item).importance)
 
 
-def test_a_prompt_that_runs_out_of_memory_in_a_replica_comes_back_as_its_error(tiny_dir):
+def test_a_prompt_that_runs_out_of_memory_in_a_replica_comes_back_as_its_error(tiny_dir, monkeypatch):
     """The replica runs prepare's loop, OOM retry included: a pass that runs out of memory is retried one
-    prompt at a time, and the prompt that still does comes back as its RecordError; the others score."""
+    prompt at a time, and the prompt that still does comes back as its RecordError; the others score. Inside a vLLM
+    worker the allocator's cache is never handed back to CUDA (issue 40: it holds vLLM's step workspace too)."""
+    import spcli.engine.prepare as prepare
+
+    releases = []
+    real_free = prepare.free_memory
+    monkeypatch.setattr(prepare, "free_memory", lambda release_cache=True: releases.append(release_cache)
+                        or real_free(release_cache))
     model = load_causal_lm(tiny_dir, "float32", torch.device("cpu")).model
     first = model.model.layers[0]  # shared by the early-exit view the speculator runs
     real_forward = first.forward
@@ -118,3 +125,6 @@ def test_a_prompt_that_runs_out_of_memory_in_a_replica_comes_back_as_its_error(t
     got = [decode(item) for item in reply["results"]]
     assert isinstance(got[0], RecordError) and str(got[0]) == "the speculator ran out of memory on 40 tokens"
     assert all(isinstance(g, Speculation) and g.importance.shape == (len(p),) for g, p in zip(got[1:], prompts[1:]))
+    assert releases and not any(releases), "every out-of-memory pass in the replica kept the cache"
+    prepare.speculate_prompts(model, prompts[:1], WINDOW, {2}, torch.device("cpu"))
+    assert releases[-1] is True, "the driver's own loop (hf engine) still hands its cache back"

@@ -188,13 +188,15 @@ def num_protected(req: PrunedRequest) -> int:
 
 def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device,
                       chunk: int = SPECULATOR_CHUNK, on_stage=lambda text: None,
-                      should_stop=lambda: False, with_unpooled: bool = False) -> list[Speculation | RecordError]:
+                      should_stop=lambda: False, with_unpooled: bool = False,
+                      release_cache: bool = True) -> list[Speculation | RecordError]:
     """One Speculation (or the RecordError of a prompt that ran out of memory alone) per prompt, in order.
 
     The one speculator loop, run by the hf engine, eval, bench and each vLLM worker replica: prompts of
     similar length share one pass (speculator_groups; importance is the same as alone), prefilled `chunk`
     tokens per call; a pass that runs out of memory is retried one prompt at a time. `with_unpooled`: each
-    Speculation also holds the importance at pool 1 (keep auto's budget).
+    Speculation also holds the importance at pool 1 (keep auto's budget). `release_cache`: whether an
+    out-of-memory pass hands the allocator's cached blocks back to CUDA (not in a vLLM worker: device.free_memory).
     """
     out: list[Speculation | RecordError | None] = [None] * len(prompts)
     done = 0
@@ -204,17 +206,18 @@ def speculate_prompts(model, prompts: list[list[int]], score: ScoreConfig, eos_i
         on_stage(f"speculating {done + 1}-{done + len(group)} of {len(prompts)} prompts")
         done += len(group)
         for i, spec in zip(group, _speculate(model, [prompts[i] for i in group], score, eos_ids, device, chunk,
-                                             with_unpooled)):
+                                             with_unpooled, release_cache)):
             out[i] = spec
     return out
 
 
 def _speculate(model, prompts: list[list[int]], score: ScoreConfig, eos_ids: set[int], device: torch.device,
-               chunk: int, with_unpooled: bool) -> list:
+               chunk: int, with_unpooled: bool, release_cache: bool = True) -> list:
     try:
         return speculate_batch(model, prompts, score, eos_ids, device, chunk=chunk, with_unpooled=with_unpooled)
     except torch.OutOfMemoryError:
-        free_memory()
+        free_memory(release_cache)
         if len(prompts) > 1:
-            return [s for p in prompts for s in _speculate(model, [p], score, eos_ids, device, chunk, with_unpooled)]
+            return [s for p in prompts for s in _speculate(model, [p], score, eos_ids, device, chunk, with_unpooled,
+                                                           release_cache)]
         return [RecordError(f"the speculator ran out of memory on {len(prompts[0])} tokens")]

@@ -82,7 +82,7 @@ class Replica:
             self.model, self.source = None, None
             self.model, self.source = wanted.load(self.device), wanted
         specs = (speculate_prompts(self.model, prompts, ScoreConfig(**score), set(eos_ids), self.device, chunk,
-                                   with_unpooled=with_unpooled) if prompts else [])
+                                   with_unpooled=with_unpooled, release_cache=False) if prompts else [])
         return {"wall_s": time.perf_counter() - t0, "results": [encode(s) for s in specs]}
 
 
