@@ -133,13 +133,17 @@ def prepared(engine, records: list[Record], cfg: RunConfig, shard_paths: dict[in
 
 def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard_paths: dict[int, str], window: int | None,
                 on_window=lambda records: None, on_stage=lambda text: None, should_stop=lambda: False,
-                should_drain=lambda: False, overlap: bool = False) -> Iterator[tuple[Record, RowResult]]:
+                should_drain=lambda: False, overlap: bool = False, needed=lambda: set(),
+                on_settle=lambda finishing, dropped: None) -> Iterator[tuple[Record, RowResult]]:
     """The job loop of an engine that takes requests as they come (`stream`: vllm_stream.VllmStream): records are
     read `window` at a time (None: stream.window, from what vLLM runs and the speculator batches), prepared (tokenize -> speculate -> select: prepare.py) and handed to the base engine at
     once, up to stream.limit(...) in flight (what vLLM's KV cache and max_num_seqs run, twice over); the next
     window is scored whenever fewer than one running set is waiting or being scored. Rows come back as they
-    finish, in any order; the caller puts them back in read order. should_stop() is asked between engine steps
-    (StopAtSafePoint: the requests in flight are the caller's to abort); once should_drain() says yes, nothing
+    finish, in any order; the caller puts them back in read order. should_stop() (Ctrl-C) is asked between engine
+    steps: nothing more is read, scored or submitted, the requests in flight that no finished row waits on are
+    aborted (`needed()`: the ids of the records whose rows finished rows wait on, in read order; on_settle(kept,
+    aborted) hears the counts) and the loop ends once the others finish, so every finished row can commit; where
+    none is needed it raises StopAtSafePoint (the rest in flight are the caller's to abort). Once should_drain() says yes, nothing
     more is read or submitted (scored requests not yet in the engine are dropped) and the loop ends when the
     engine is empty. on_window(records) sees each window before it is prepared.
 
@@ -157,6 +161,22 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
     prompt_tokens = 0  # their prompts' tokens, for the speculator window
     is_exhausted = False
     ready_at = None  # when the loop first saw vLLM started
+    is_settling = False  # after a Ctrl-C: only the requests that finished rows wait on run on
+
+    def settle() -> None:
+        nonlocal is_exhausted, is_settling
+        keep = needed()
+        drop = [key for key, (rec, _, _) in started.items() if id(rec) not in keep]
+        stream.abort(drop)
+        for key in drop:
+            del started[key]
+        pending.clear()
+        scoring.clear()
+        is_exhausted = is_settling = True
+        on_settle(len(started), len(drop))
+        if not started:
+            raise StopAtSafePoint
+
     while True:
         if not is_exhausted and should_drain():
             is_exhausted = True
@@ -174,7 +194,11 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
             if batch:
                 on_window(batch)
                 t_read = time.perf_counter()  # before the window is tokenized and (without overlap) scored
-                scoring.append((Prepared(engine, batch, cfg, shard_paths, on_stage, should_stop, overlap), t_read))
+                try:
+                    scoring.append((Prepared(engine, batch, cfg, shard_paths, on_stage, should_stop, overlap), t_read))
+                except StopAtSafePoint:  # a Ctrl-C while the window was scored
+                    settle()
+                    continue
         while scoring and (not (stream.num_in_flight or pending) or scoring[0][0].ready()):
             window_of, t0 = scoring.popleft()
             for rec, item in zip(window_of.records, window_of.finish()):
@@ -201,8 +225,8 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
                     if should_stop():  # at the first submit)
                         raise StopAtSafePoint
             continue
-        if should_stop():
-            raise StopAtSafePoint
+        if not is_settling and should_stop():
+            settle()
         on_stage(f"base pass: {stream.num_in_flight} rows in vLLM, {len(pending)} scored and waiting"
                  + (f", {num_scoring} being scored" if scoring else ""))
         for key, gen in stream.poll():

@@ -82,6 +82,21 @@ class Reorder:
         if self.committer.due():
             self.committer.commit()
 
+    def needed(self) -> set[int]:
+        """id() of each unfinished record read before the last finished one: the rows finished rows wait on (a Ctrl-C
+        lets these finish, so that every finished row commits: commits are prefixes of a shard in read order)."""
+        waiting: list[int] = []
+        needed: set[int] = set()
+        for item in self.order:
+            if not isinstance(item, Record):
+                continue
+            if id(item) in self.finished:
+                needed.update(waiting)
+                waiting.clear()
+            else:
+                waiting.append(id(item))
+        return needed
+
     @property
     def num_waiting(self) -> int:
         return sum(isinstance(x, Record) for x in self.order)
@@ -91,8 +106,9 @@ def stream_shards(engine, cfg: RunConfig, shards: list[Shard], manifest, committ
                   stop, progress, warned: set[int], check_stop) -> int:
     """Run `shards` through the streaming loop; what the run's end says about its rows (batch.row_notes).
     A first SIGTERM/SIGUSR1 stops reading and lets the requests in flight finish (as a batch finished before);
-    Ctrl-C stops at the next engine step, dropping them (redone on resume). check_stop() commits and raises
-    Interrupted once a stop was asked for."""
+    Ctrl-C stops at the next engine step, dropping those no finished row waits on (redone on resume) and finishing
+    the others, so no finished row is lost (issue 40). check_stop() commits and raises Interrupted once a stop was
+    asked for."""
     reorder = Reorder(committer, manifest, cfg, progress, warned)
     in_vllm = 0  # requests in vLLM when a stop dropped them
     with committer.keeping_finished_rows(lambda: stop.requested):
@@ -101,7 +117,8 @@ def stream_shards(engine, cfg: RunConfig, shards: list[Shard], manifest, committ
                 rows = stream_rows(stream, engine, reorder.read(shards), cfg, paths, cfg.batch_size,
                                    on_window=lambda batch: mark_duplicates(batch, ids, paths), on_stage=progress.stage,
                                    should_stop=stop.is_urgent, should_drain=lambda: stop.requested,
-                                   overlap=engine.overlap)
+                                   overlap=engine.overlap, needed=reorder.needed,
+                                   on_settle=lambda finishing, dropped: _settling(reorder, finishing, dropped))
                 try:
                     for rec, row in rows:
                         reorder.add(rec, row)
@@ -118,3 +135,9 @@ def stream_shards(engine, cfg: RunConfig, shards: list[Shard], manifest, committ
             check_stop()
             raise
     return reorder.notes
+
+
+def _settling(reorder: Reorder, finishing: int, dropped: int) -> None:
+    if finishing:
+        log.warning("finishing the %d rows in vLLM that %d finished rows wait on, so that they commit; %d rows dropped "
+                    "(redone on resume); press Ctrl-C again to stop at once", finishing, len(reorder.finished), dropped)

@@ -514,6 +514,42 @@ def test_stream_stops_at_a_safe_point_and_resumes_exactly_once(pruned_run, share
 
 
 @needs_vllm
+def test_ctrl_c_commits_rows_that_finished_before_an_earlier_one(shared_engine, monkeypatch, tiny_dir, tmp_path):
+    """Issue 40: commits are prefixes of a shard in read order, so rows that finished before an earlier row waited
+    on it, and a Ctrl-C dropped them with it. Now the rows in flight that finished rows wait on are let finish
+    (the others dropped), every finished row commits, and the rerun makes the rest, each row once."""
+    from spcli.job_loop import Reorder
+
+    rows = chat_rows()[:4]
+    rows[0]["max_tokens"] = 40  # still decoding when the three short ones, submitted with it, have finished
+    for row in rows[1:]:
+        row["max_tokens"] = 1
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out"
+    args = [str(src), "--out", str(out), "--engine", "vllm", *COMMON, "--keep", "1.0", "--batch-size", "4",
+            "--commit-interval", "0"]
+    add, sent = Reorder.add, []
+
+    def add_then_ctrl_c(self, rec, row):
+        add(self, rec, row)
+        if not sent and rec.id != "q0":  # a later row finished first: Ctrl-C now
+            sent.append(rec.id)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(Reorder, "add", add_then_ctrl_c)
+        code, output, exc = spcli_run(*args)
+    assert code == 75, (output, exc)
+    assert sent == ["q1"]
+    assert "finishing the 1 rows in vLLM that 3 finished rows wait on, so that they commit; 0 rows dropped" in output
+    first = shard_rows(out)[str(src)]
+    assert [r["id"] for r in first] == ["q0", "q1", "q2", "q3"] and first[0]["num_output_tokens"] > 1
+    code, output, exc = spcli_run(*args)
+    assert code == 0, (output, exc)
+    assert [r["id"] for r in shard_rows(out)[str(src)]] == ["q0", "q1", "q2", "q3"]
+
+
+@needs_vllm
 def test_max_prompt_len_rows_are_retried_with_retry_failed(shared_engine, chat_jsonl, tiny_dir, tmp_path):
     """--max-prompt-len is the speculator's own bound (error rows past it, naming the flag); --retry-failed redoes
     those rows once it is raised, through the same engine, and leaves the others as they were."""

@@ -111,12 +111,13 @@ class VllmStream:
             done.append((output.request_id, self.runner._generation(output, req, ttft, ttft, wall)))
         return done
 
-    def abort(self) -> int:
-        """Drop every request in flight; how many there were."""
-        keys = list(self.started)
+    def abort(self, keys: list[str] | None = None) -> int:
+        """Drop the requests in flight with these keys (None: every one); how many there were."""
+        keys = list(self.started) if keys is None else [k for k in keys if k in self.started]
         if keys:
             self.engine.abort_request(keys)
-        self.started.clear()
+        for key in keys:
+            del self.started[key]
         return len(keys)
 
 
