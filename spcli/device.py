@@ -37,10 +37,10 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def free_memory(release_cache: bool = True) -> bool:
+def free_memory(release_cache: bool = True) -> None:
     """After an out-of-memory error: the failed tensors are garbage once the exception is gone; with
     `release_cache`, return the allocator's cached blocks to CUDA where this process uses it (never initialising
-    it to do so). Whether blocks were released.
+    it to do so).
 
     Not in a vLLM worker (issue 40): there the cache holds vLLM's own step workspace beside the speculator's
     freed blocks; `empty_cache` would hand vLLM's back (its next step must allocate them again, maybe after the
@@ -49,8 +49,6 @@ def free_memory(release_cache: bool = True) -> bool:
     gc.collect()
     if release_cache and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-        return True
-    return False
 
 
 def synchronize(device: torch.device) -> None:

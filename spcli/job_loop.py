@@ -103,7 +103,7 @@ class Reorder:
 
 
 def stream_shards(engine, cfg: RunConfig, shards: list[Shard], manifest, committer, ids, paths: dict[int, str],
-                  stop, progress, warned: set[int], check_stop) -> int:
+                  stop, progress, warned: set[int], check_stop) -> Counter:
     """Run `shards` through the streaming loop; what the run's end says about its rows (batch.row_notes).
     A first SIGTERM/SIGUSR1 stops reading and lets the requests in flight finish (as a batch finished before);
     Ctrl-C stops at the next engine step, dropping those no finished row waits on (redone on resume) and finishing

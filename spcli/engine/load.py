@@ -248,20 +248,25 @@ def sliding_window(config, max_prompt_tokens: int) -> tuple[int, str] | None:
     return window, "sliding_window" + (" (layer_types has sliding_attention layers)" if isinstance(layer_types, list) else "")
 
 
-def check_full_attention(config, max_prompt_tokens: int, name: str, role: str) -> None:
-    """A speculator's cache must hold all n keys of every layer: refuse a sliding-window model (Mistral,
-    Gemma 2/3), whose cache keeps only the last window, unless no prompt can exceed that window; and a position
-    scheme scoring cannot reproduce (check_position_scheme)."""
+def check_positions(config, max_prompt_tokens: int, name: str, role: str, window_why: str) -> None:
+    """Refuse a model whose positions pruning cannot keep: a position scheme (check_position_scheme), or a sliding
+    window a prompt of up to `max_prompt_tokens` can exceed; `window_why` says what that window would do to it."""
     check_position_scheme(config, name, role)
     found = sliding_window(config, max_prompt_tokens)
     if found is None:
         return
     window, field = found
-    raise ConfigError(
-        f"{role} {name!r} uses sliding-window attention (config.json {field} = {window} < the "
-        f"{max_prompt_tokens} positions a prompt may have): its cache keeps only the last {window} keys, so "
-        "scoring would see the wrong tokens. Use a full-attention speculator (--speculator NAME|FOLDER) or --keep 1.0"
-    )
+    raise ConfigError(f"{role} {name!r} uses sliding-window attention (config.json {field} = {window} < the "
+                      f"{max_prompt_tokens} positions a prompt may have): {window_why.format(window=window)}")
+
+
+def check_full_attention(config, max_prompt_tokens: int, name: str, role: str) -> None:
+    """A speculator's cache must hold all n keys of every layer: refuse a sliding-window model (Mistral,
+    Gemma 2/3), whose cache keeps only the last window, unless no prompt can exceed that window; and a position
+    scheme scoring cannot reproduce (check_position_scheme)."""
+    check_positions(config, max_prompt_tokens, name, role,
+                    "its cache keeps only the last {window} keys, so scoring would see the wrong tokens. Use a "
+                    "full-attention speculator (--speculator NAME|FOLDER) or --keep 1.0")
 
 
 def check_base_positions(config, max_prompt_tokens: int, name: str) -> None:
@@ -269,17 +274,9 @@ def check_base_positions(config, max_prompt_tokens: int, name: str) -> None:
     engine and before anything loads. longrope and ALiBi as for a speculator (check_position_scheme); a sliding
     window counts kept tokens, not positions (vLLM's and transformers' windows are over the cache), so a pruned
     prompt would attend over a wider span of the document than its full prefill does."""
-    check_position_scheme(config, name, "base model")
-    found = sliding_window(config, max_prompt_tokens)
-    if found is None:
-        return
-    window, field = found
-    raise ConfigError(
-        f"base model {name!r} uses sliding-window attention (config.json {field} = {window} < the "
-        f"{max_prompt_tokens} positions a prompt may have): its window counts the kept tokens, not their "
-        "positions, so a pruned prompt would attend further back than the full prompt does. Use a "
-        "full-attention base model, or --keep 1.0 (no pruning)"
-    )
+    check_positions(config, max_prompt_tokens, name, "base model",
+                    "its window counts the kept tokens, not their positions, so a pruned prompt would attend further "
+                    "back than the full prompt does. Use a full-attention base model, or --keep 1.0 (no pruning)")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from spcli.engine.load import parse_self
 from spcli.plan.flops import prefill_flops, speculator_flops
 from spcli.plan.shapes import ModelShape
 
+
 def _shape(folder: Path) -> ModelShape | None:
     config = Path(folder) / "config.json"
     if not config.is_file():  # a GGUF file or a hub id: no config here to count with
