@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from spcli.cli import app
 from spcli.errors import OutputError
+from spcli.slurm.status import collect
 from test_run import read_outputs
 from tiny_models import ALWAYS_PRUNE
 
@@ -157,6 +158,11 @@ def test_ray_actor_killed_then_driver_killed_every_id_once(tmp_path, tiny_dir, r
     before = sum(p["rows"] for _, p in committed(out))
     assert 0 < before < 61, "the driver was killed mid-job"
     poll("end of the killed driver's actors", lambda: not any(map(is_alive, pids)))  # Ray ends a dead driver's actors
+    status = collect(out)  # squeue/sacct are on this machine: a Ray run's id must not be asked of them
+    assert (status.job_id, status.slurm) == (None, False)
+    slots = {(t.phase, t.state) for t in status.tasks if t.index is not None}
+    assert ("unknown", "INTERRUPTED") in slots and slots <= {("unknown", "INTERRUPTED"), ("done", "DONE")}, \
+        f"the killed actors' lock files are left behind, but nobody holds them: {slots}"
     res = CliRunner().invoke(app, ["run", *inputs, "--out", str(out), "--model", str(tiny_dir), *ARGS,
                                    "--ray", "--ray-workers", "2"])
     assert res.exit_code == 0, res.output

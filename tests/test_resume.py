@@ -20,7 +20,7 @@ import pytest
 from spcli.config import GenerateConfig, RunConfig, ScoreConfig, SelectConfig
 from spcli.errors import Interrupted, OutputError
 from spcli.io import commit
-from spcli.io.lock import WriterLock
+from spcli.io.lock import WriterLock, is_held
 from spcli.io.manifest import Manifest, fingerprint, read_manifests
 from spcli.progress import Progress
 from spcli.run import run
@@ -235,16 +235,18 @@ def test_a_live_lock_refuses_at_once_and_a_stale_one_is_taken_over(tmp_path, tin
     held = WriterLock(out, None)
     held.acquire()
     try:
+        assert is_held(out / ".lock")
         code, _, err = cli(argv(src, out, tiny_dir), capsys)
         assert (code, last_line(err)) == (2, f"spcli: error: {out}: another spcli run writes here (host {socket.gethostname()}, "
                                              f"pid {os.getpid()}); wait for it, or remove {out}/.lock if that run is gone")
     finally:
         held.release()
-    assert not (out / ".lock").exists()
+    assert not (out / ".lock").exists() and not is_held(out / ".lock")
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
     (out / ".lock").write_bytes(orjson.dumps({"host": socket.gethostname(), "pid": pid, "job": None}))
+    assert not is_held(out / ".lock"), "spcli status: a lock whose writer is gone is not a running run"
     code, _, err = cli(argv(src, out, tiny_dir), capsys)
     assert code == 0, err
     assert f"WARNING taking over a stale lock {out}/.lock (host {socket.gethostname()}, pid {pid})" in err
@@ -253,6 +255,7 @@ def test_a_live_lock_refuses_at_once_and_a_stale_one_is_taken_over(tmp_path, tin
 
 def test_a_lock_from_another_host_is_not_taken_over(tmp_path):
     (tmp_path / ".lock").write_bytes(orjson.dumps({"host": "other-node-7", "pid": 4242, "job": "123"}))
+    assert is_held(tmp_path / ".lock"), "its process cannot be checked from this host"
     with pytest.raises(OutputError) as e:
         WriterLock(tmp_path, None).acquire()
     assert str(e.value) == (f"{tmp_path}: another spcli run writes here (host other-node-7, pid 4242); "

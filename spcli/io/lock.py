@@ -86,15 +86,7 @@ class WriterLock:
         if not pid_only:
             return True  # we hold the flock: whoever wrote this lock is gone
         pid = owner.get("pid")
-        if not isinstance(pid, int) or pid == me["pid"]:
-            return True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
+        return not isinstance(pid, int) or pid == me["pid"] or not _pid_alive(pid)
 
     def release(self) -> None:
         if not self.held:
@@ -105,6 +97,45 @@ class WriterLock:
         finally:
             os.close(self._fd)
             self._fd, self.held = None, False
+
+
+def is_held(path: Path) -> bool:
+    """Whether a live writer holds the lock file `path` (for `spcli status`): False where there is none or its
+    holder is gone (killed: the kernel dropped its flock). A lock written on another host counts as held, as
+    `acquire` does not take it over: its process cannot be checked from here (a local flock may not see it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        owner = WriterLock._owner(fd) or {}
+        if owner.get("host") not in (None, socket.gethostname()):
+            return True
+        import fcntl
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released when fd closes, a moment later
+            return False
+        except BlockingIOError:
+            return True
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+        pid = owner.get("pid")  # no flock on this file system: the pid it names
+        return isinstance(pid, int) and _pid_alive(pid)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    """A process of this host with that pid exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _try_flock(fd: int) -> bool | None:

@@ -8,7 +8,7 @@ and squeue/sacct (what Slurm says now). Without Slurm the state comes from the d
 
 Each task gets a phase, and the run the worst of them:
   done     every shard of the task committed (rows with an `error` count as done)
-  running  Slurm runs it (or, from the directory: it holds its lock)
+  running  Slurm runs it (or, from the directory: a live process holds its lock; a killed one's is stale)
   waiting  pending, requeued, or not started yet
   unknown  stopped or interrupted, and nothing says whether it runs again
   failed   ended without finishing its shards and will not run again by itself
@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from spcli.errors import OutputError
+from spcli.io.lock import is_held
 from spcli.io.manifest import config_history, history_lines, read_manifests
 from spcli.slurm import query
 from spcli.slurm.attempts import Attempt, read_attempts
@@ -140,7 +141,8 @@ def _ray_not_started(docs: list[dict]) -> list[TaskStatus]:
 
 
 def _latest_job(docs: list[dict]) -> str | None:
-    with_job = [d for d in docs if d.get("task") and d["task"].get("job_id")]
+    """The Slurm job of the newest task manifest; a Ray actor slot's job_id is the Ray run's, not Slurm's."""
+    with_job = [d for d in docs if d.get("task") and d["task"].get("job_id") and not d["task"].get("ray")]
     return max(with_job, key=lambda d: d.get("updated", 0))["task"]["job_id"] if with_job else None
 
 
@@ -196,7 +198,7 @@ def _judge(out, job_id, index, own, is_done, shard_progress, doc, last: Attempt 
         if state.state in query.ENDED:
             return "failed", state.state, _why(out, job_id, index, last, state)
         return "unknown", state.state, None
-    if last is not None and last.action in ("requeue", "stopped") and lock.exists():
+    if last is not None and last.action in ("requeue", "stopped") and is_held(lock):
         return "running", "RUNNING", "from its lock file: a later attempt holds it"
     if last is not None:
         if last.action == "requeue":
@@ -206,7 +208,7 @@ def _judge(out, job_id, index, own, is_done, shard_progress, doc, last: Attempt 
                                           "Slurm requeues preempted tasks itself)")
         return "failed", "GAVE_UP" if last.action == "gave-up" else "FAILED", _why(out, job_id, index, last, None)
     if doc is not None:
-        if lock.exists():
+        if is_held(lock):
             return "running", "RUNNING", "from its lock file"
         return "unknown", "INTERRUPTED", "started, not finished and not running: run it again to resume"
     return "waiting", "NOT_STARTED", None

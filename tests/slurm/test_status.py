@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 from pathlib import Path
 
 import orjson
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from spcli.cli import app
 from spcli.errors import OutputError
+from spcli.io.lock import WriterLock
 from spcli.io.manifest import Manifest, ShardProgress, manifest_name
 from spcli.slurm import query
 from spcli.slurm.status import EXIT_DONE, EXIT_FAILED, EXIT_NOT_DONE, collect, render
@@ -143,8 +145,15 @@ def test_stopped_task_is_unknown_or_running_when_it_holds_its_lock(tmp_path):
     (task,) = collect(tmp_path, ask_slurm=False).tasks
     assert (task.phase, task.state) == ("unknown", "STOPPED")
     assert collect(tmp_path, ask_slurm=False).exit_code == EXIT_NOT_DONE
-    (tmp_path / ".lock-task-00000").write_text("{}")  # Slurm requeued it; a later attempt runs
+    (tmp_path / ".lock-task-00000").write_text(orjson.dumps({"host": socket.gethostname(), "pid": 1 << 22}).decode())
     (task,) = collect(tmp_path, ask_slurm=False).tasks
+    assert (task.phase, task.state) == ("unknown", "STOPPED"), "a lock nobody holds (its writer was killed) is stale"
+    lock = WriterLock(tmp_path, 0)  # Slurm requeued it; a later attempt runs
+    lock.acquire()
+    try:
+        (task,) = collect(tmp_path, ask_slurm=False).tasks
+    finally:
+        lock.release()
     assert (task.phase, task.state) == ("running", "RUNNING")
 
 
@@ -160,7 +169,8 @@ def test_without_a_submission_record_tasks_come_from_the_manifests(tmp_path):
     # A hand-written sbatch script calling `spcli run`: no slurm/ records at all.
     manifest(tmp_path, 1, {SHARDS[1]: (2, 2, True, 0)}, job="9", count=3, finished=True)
     manifest(tmp_path, 0, {SHARDS[0]: (1, 2, False, 0)}, job="9", count=3)
-    (tmp_path / ".lock-task-00000").write_text("{}")
+    # task 0 runs on another node (a shared file system): its lock is not checked from here, only read
+    (tmp_path / ".lock-task-00000").write_text(orjson.dumps({"host": "node-elsewhere", "pid": 7}).decode())
     status = collect(tmp_path, ask_slurm=False)
     assert status.job_id == "9"
     assert [(t.index, t.phase, t.state, t.shards) for t in status.tasks] == [
