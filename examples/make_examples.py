@@ -1,7 +1,10 @@
-"""Write the demo inputs: examples/docs.jsonl (chat messages) and examples/docs.parquet (prompts).
+"""Write the example inputs: examples/docs.jsonl (chat messages) and examples/docs.parquet (prompts), the demo's;
+examples/tickets.parquet, the README's "Your own data" job.
 
 Each document is a few hundred sentences of plain report prose with one fact buried in the middle;
-the question at the end asks for it. Deterministic: rerunning gives the same files.
+the question at the end asks for it. Each ticket is a support thread of ~900 tokens (SmolLM2's) with one fact
+in the middle and a `question` column asking for it (`--instruction-field question`). Deterministic: rerunning
+gives the same files.
 """
 
 from __future__ import annotations
@@ -27,6 +30,34 @@ FACTS = [
     ("the colour of the new library door", "teal"),
     ("the number of bicycles in the station rack", "thirty-eight"),
 ]
+
+
+TICKET_FACTS = [
+    ("What is the customer's order number?", "My order number is 58213.", "58213"),
+    ("Which city should the parcel go to?", "The parcel should go to Rotterdam.", "Rotterdam"),
+    ("What colour is the damaged kettle?", "The kettle that arrived cracked is the green one.", "green"),
+    ("Who approved the return?", "My manager, Priya Natarajan, approved the return.", "Priya"),
+    ("On which day is the customer away?", "I will be away on Thursday, so please do not deliver then.", "Thursday"),
+    ("How many chairs were ordered?", "We ordered twelve chairs for the meeting room.", "twelve"),
+]
+TICKET_FILLER = [
+    "Thanks for getting back to me so quickly last time.", "I have attached the screenshots from the checkout page.",
+    "The tracking page still shows the same status as yesterday.", "Our team uses the account for office supplies.",
+    "I tried logging out and in again, and cleared the browser cache.", "The confirmation email arrived as expected.",
+    "Could you check whether the warehouse has an update?", "We have been customers for several years now.",
+    "The invoice address is the same as on the previous orders.", "I called the hotline but the queue was long.",
+    "Please let me know if you need any more details from our side.", "The delivery note was inside the box."]
+
+
+def tickets(sentences: int = 40) -> pa.Table:
+    """Six support threads: a greeting, `sentences` filler sentences, the fact, as many more, a signature."""
+    rng = random.Random(11)
+    rows = []
+    for i, (question, fact, answer) in enumerate(TICKET_FACTS):
+        before, after = (" ".join(rng.choice(TICKET_FILLER) for _ in range(sentences)) for _ in range(2))
+        rows.append({"ticket_id": f"T-{1040 + i}", "body": f"Hello support team,\n\n{before} {fact} {after}\n\n"
+                     "Best regards,\nAlex", "question": f"{question} Answer in a few words.", "answer": answer})
+    return pa.Table.from_pylist(rows)
 
 
 def document(rng: random.Random, num_sentences: int, fact: tuple[str, str]) -> str:
@@ -55,6 +86,7 @@ def main() -> None:
         "answer": [r["answer"] for r in rows],
     })
     pq.write_table(table, here / "docs.parquet")
+    pq.write_table(tickets(), here / "tickets.parquet")
 
 
 if __name__ == "__main__":

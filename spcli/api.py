@@ -23,7 +23,7 @@ from spcli.errors import ConfigError
 
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)
             if f.default_factory is not dataclasses.MISSING}  # RunConfig's nested configs: select, score, ...
-RENAMED = {("score", "impl"): "score_impl"}  # flags whose name is not their field's
+RENAMED = {("score", "impl"): "score_impl", ("fields", "instruction_at"): "instruction_at"}  # flags whose name is not their field's
 
 
 def _flag_table() -> dict[str, tuple[str | None, str]]:

@@ -58,6 +58,7 @@ MIN_FREE = 128  # docs/results.md, Selection units and short prompts
 MAX_UNIT = 32
 MAX_PRUNE_COST = 0.9  # spcli.engine.pays: a prompt whose pruning would cost this share of its full prefill is prefilled whole
 PROTECT = "system,instruction"  # chat roles whose messages are never dropped, and the record's instruction field
+INSTRUCTION_PLACES = ("after", "before")  # --instruction-at: where a record's instruction goes beside its prompt
 INSTRUCTION = "instruction"  # in --protect: the record's instruction (FieldConfig.instruction), put before its prompt
 
 
@@ -206,12 +207,17 @@ class GenerateConfig:
 
 @dataclass(frozen=True)
 class FieldConfig:
-    """Names of the input record fields."""
+    """Names of the input record fields, and where a record's instruction goes."""
 
     prompt: str = "prompt"
     messages: str = "messages"
     id: str = "id"
-    instruction: str = "instruction"  # text put before the prompt (or the first user message) and never dropped
+    instruction: str = "instruction"  # text put beside the prompt (or a user message) and never dropped
+    instruction_at: str = "after"  # after the prompt (or the last user message's content) | before it (or the first's)
+
+    def __post_init__(self) -> None:
+        _check(self.instruction_at in INSTRUCTION_PLACES,
+               f"--instruction-at must be one of {', '.join(INSTRUCTION_PLACES)}, got {self.instruction_at!r}")
 
 
 @dataclass(frozen=True)
@@ -337,6 +343,8 @@ class RunConfig:
             d["score"].pop("rows")
         if not d["score"]["restate"]:  # and without restating, what ran before --restate
             d["score"].pop("restate")
+        if d["fields"]["instruction_at"] == "before":  # where instructions went before --instruction-at: those resume
+            del d["fields"]["instruction_at"]
         d.pop("vllm")  # parallelism, memory and placement: same outputs
         if not d["pass_through"]:  # absent without it, as before: those directories resume
             d.pop("pass_through")

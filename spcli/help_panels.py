@@ -19,7 +19,7 @@ INPUT, MODEL, SELECTION, GENERATION, ENGINE, OUTPUT = (
 ORDER = (INPUT, MODEL, SELECTION, GENERATION, ENGINE, OUTPUT)
 
 PANELS: dict[str, str] = {
-    **dict.fromkeys(("prompt_field", "messages_field", "id_field", "instruction_field", "max_record_bytes",
+    **dict.fromkeys(("prompt_field", "messages_field", "id_field", "instruction_field", "instruction_at", "max_record_bytes",
                      "truncate"), INPUT),
     **dict.fromkeys(("model", "speculator", "lookahead", "window", "score_layers", "pool", "rows", "score_impl",
                      "speculator_chunk"), MODEL),

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from spcli.config import FieldConfig
-from spcli.errors import InputError
+from spcli.errors import ConfigError, InputError
 from spcli.io.ids import IdIndex
 from spcli.io.read import check_shard, count_rows, read_records
-from spcli.io.records import Shard, discover, id_prefixes
+from spcli.io.records import Shard, discover, id_prefixes, to_record
 
 FIELDS = FieldConfig()
 
@@ -339,8 +339,27 @@ def test_instruction_field_is_read_from_parquet_as_from_jsonl(tmp_path):
         (shard,) = discover([str(tmp_path / name)])
         (rec,) = read_records(shard, fields)
         got[name] = (rec.id, rec.prompt, rec.protected, rec.error)
-    assert got["t.jsonl"] == got["t.parquet"] == ("t1", "Which floor?\n\n" + row["body"], ("Which floor?",), None)
+    assert got["t.jsonl"] == got["t.parquet"] == ("t1", row["body"] + "\n\nWhich floor?", ("Which floor?",), None)
     pq.write_table(pa.Table.from_pylist([{k: v for k, v in row.items() if k != "question"}]), tmp_path / "n.parquet")
     (shard,) = discover([str(tmp_path / "n.parquet")])
     with pytest.raises(InputError, match="no 'question' column .--instruction-field.; its columns: body, ticket_id"):
         list(read_records(shard, fields))
+
+
+def test_instruction_goes_after_the_last_user_message_or_before_the_first():
+    """--instruction-at after (default): after the prompt, or the last user message's content (the question right
+    before the answer); before: before the prompt or the first user message's content. Other messages unchanged."""
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ticket one."},
+            {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Ticket two."}]
+    shard = Shard(0, "x.jsonl")
+    for at, prompt, contents in (
+            ("after", "Body.\n\nWhich floor?", ["Be brief.", "Ticket one.", "Noted.", "Ticket two.\n\nWhich floor?"]),
+            ("before", "Which floor?\n\nBody.", ["Be brief.", "Which floor?\n\nTicket one.", "Noted.", "Ticket two."])):
+        fields = FieldConfig(instruction_at=at)
+        raw = to_record({"prompt": "Body.", "instruction": "Which floor?"}, shard, 0, "jsonl", fields)
+        msgs = to_record({"messages": chat, "instruction": "Which floor?"}, shard, 1, "jsonl", fields)
+        assert (raw.prompt, raw.protected, raw.error) == (prompt, ("Which floor?",), None)
+        assert [m["content"] for m in msgs.messages] == contents and msgs.error is None
+    assert chat[3]["content"] == "Ticket two."  # the input's own messages are not changed
+    with pytest.raises(ConfigError, match="--instruction-at must be one of after, before, got 'middle'"):
+        FieldConfig(instruction_at="middle")

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from spcli.config import RunConfig, ScoreConfig, SelectConfig
+from spcli.config import FieldConfig, RunConfig, ScoreConfig, SelectConfig
 from spcli.engine.restate import MAX_RESTATED, restated_ids
 from spcli.io.records import Record, put_instruction
 
@@ -25,16 +25,16 @@ def stack(tiny_dir):
     return load_stack(str(tiny_dir), "self:2", "float32", "cpu")
 
 
-def record(instruction: str = INSTRUCTION) -> Record:
+def record(instruction: str = INSTRUCTION, at: str = "before") -> Record:
     rec = Record(0, 0, "r", prompt=NOTES)
-    put_instruction(rec, instruction, "instruction")
+    put_instruction(rec, instruction, "instruction", at)
     return rec
 
 
-def config(tiny_dir, restate: bool) -> RunConfig:
+def config(tiny_dir, restate: bool, at: str = "before") -> RunConfig:
     return RunConfig(inputs=("x",), out="y", model=str(tiny_dir), speculator="self:2",
                      select=SelectConfig(keep=0.2, chunk=8, keep_last=8, min_tokens=64, min_free=0, max_prune_cost=math.inf),
-                     score=dataclasses.replace(SCORE, restate=restate))
+                     score=dataclasses.replace(SCORE, restate=restate), fields=FieldConfig(instruction_at=at))
 
 
 def test_the_speculator_reads_the_instruction_again_and_selection_reads_the_prompt_alone(stack, tiny_dir):
@@ -53,6 +53,19 @@ def test_the_speculator_reads_the_instruction_again_and_selection_reads_the_prom
     torch.testing.assert_close(on.importance, direct.importance[:n])  # scored with the question at the end
     assert not torch.allclose(on.importance, off.importance)  # other query rows: another score
     assert int(on.kept.max()) < n
+
+
+def test_an_instruction_after_the_prompt_is_not_read_again(stack, tiny_dir):
+    """--instruction-at after (the default): the question already ends the prompt, so --restate adds nothing."""
+    from spcli.engine.prepare import prepare
+
+    (after,) = prepare([record(at="after")], config(tiny_dir, True, "after"), stack)
+    assert after.restated is None
+    question = stack.tokenizer(INSTRUCTION, add_special_tokens=False)["input_ids"]
+    ids, k = after.token_ids, len(question)
+    (start,) = [i for i in range(len(ids) - k + 1) if ids[i:i + k] == question]  # once, after the notes
+    assert start > len(ids) // 2 and len(ids) - (start + k) < 16  # the prompt ends with it (and the chat template's end)
+    assert set(range(start, start + k)) <= set(after.kept.tolist())  # never dropped
 
 
 def test_a_record_without_instruction_and_keep_one_restate_nothing(stack, tiny_dir):
@@ -101,7 +114,8 @@ def test_across_tokenizers_the_speculator_restates_in_its_own_tokens(tiny_other_
     stack = load_stack(str(tiny_other_dir), "smollm2-135m", "float32", "cpu", with_base=False)
     cfg = RunConfig(inputs=("x",), out="y", model=str(tiny_other_dir), speculator="smollm2-135m",
                     select=SelectConfig(keep=0.2, chunk=8, keep_last=8, min_tokens=64, min_free=0, max_prune_cost=math.inf),
-                    score=ScoreConfig(window=8, lookahead=0, score_layers="14", pool=1, rows="mean"))
+                    score=ScoreConfig(window=8, lookahead=0, score_layers="14", pool=1, rows="mean"),
+                    fields=FieldConfig(instruction_at="before"))
     (req,) = prepare([record()], cfg, stack)
     spec_tok = stack.speculator_tokens.tokenizer
     assert req.restated == spec_tok(INSTRUCTION, add_special_tokens=False)["input_ids"]

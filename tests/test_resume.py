@@ -442,3 +442,14 @@ def test_keep_auto_records_its_criterion_so_older_auto_outputs_do_not_resume_sil
     fixed = fields(0.1)["select"]
     assert "auto_criterion" not in fixed and "keep_scale" not in fixed and fixed["keep_mass"] == 0.8
     assert fields(0.1, keep_scale=3.0) == fields(0.1)
+
+
+def test_instructions_after_the_prompt_are_fingerprinted_and_before_reads_as_older_directories():
+    """Directories made before --instruction-at put instructions before the prompt: their fingerprint has no such
+    field, so they resume with --instruction-at before, and the new default (after) is refused on them, by name."""
+    from spcli.config import FieldConfig, RunConfig
+
+    after = RunConfig(inputs=("x",), out="y").fingerprint_fields()
+    before = RunConfig(inputs=("x",), out="y", fields=FieldConfig(instruction_at="before")).fingerprint_fields()
+    assert after["fields"]["instruction_at"] == "after" and "instruction_at" not in before["fields"]
+    assert {k: v for k, v in after["fields"].items() if k != "instruction_at"} == before["fields"]

@@ -221,9 +221,9 @@ def test_cross_tokenizer_run_keeps_base_units_whole(tiny_other_dir):
     assert cut_inside_word(enc.text, enc.offsets, req.units) == []
 
 
-def test_instruction_field_goes_first_and_is_never_dropped(tmp_path, tiny_dir, write_jsonl):
-    """Issue 31: a record's instruction is put before its prompt (or first user message) and kept whole at keep
-    0.1, outside the budget; --protect '' selects it like any other text."""
+def test_instruction_field_goes_after_the_prompt_and_is_never_dropped(tmp_path, tiny_dir, write_jsonl):
+    """Issue 31: a record's instruction is put beside its prompt (after it, or its last user message, by default:
+    issue 40) and kept whole at keep 0.1, outside the budget; --protect '' selects it like any other text."""
     import json
 
     from typer.testing import CliRunner
@@ -247,9 +247,9 @@ def test_instruction_field_goes_first_and_is_never_dropped(tmp_path, tiny_dir, w
 
         tok = AutoTokenizer.from_pretrained(tiny_dir)
         rows = {r["id"]: r for r in read_outputs(out)}
-        for rid, rec in (("p", Record(0, 0, "p", prompt=f"{instruction}\n\n{ticket}", protected=(instruction,))),
+        for rid, rec in (("p", Record(0, 0, "p", prompt=f"{ticket}\n\n{instruction}", protected=(instruction,))),
                          ("m", Record(0, 0, "m", messages=[{"role": "system", "content": "You are terse. " * 20},
-                                                          {"role": "user", "content": f"{instruction}\n\n{ticket}"}]))):
+                                                          {"role": "user", "content": f"{ticket}\n\n{instruction}"}]))):
             enc = encode(rec, tok)
             assert len(enc.ids) == rows[rid]["num_prompt_tokens"]
             start = enc.text.index(instruction)
@@ -265,7 +265,7 @@ def test_instruction_field_goes_first_and_is_never_dropped(tmp_path, tiny_dir, w
     assert kept_share["system,instruction", "p"] == kept_share["system,instruction", "m"] == 1.0
     assert kept_share["system,instruction", "system"] == 1.0
     assert kept_share["", "system"] < 1.0  # the same prompts without protection (the instruction of "p", one short
-    # sentence first in a chat message now, may or may not be chosen by the random tiny model)
+    # sentence in a chat message now, may or may not be chosen by the random tiny model)
 
 
 def test_a_bad_instruction_is_an_error_row_naming_the_field(tmp_path):
@@ -278,4 +278,4 @@ def test_a_bad_instruction_is_an_error_row_naming_the_field(tmp_path):
     rec = to_record({"messages": [{"role": "system", "content": "s"}], "instruction": "do"}, shard, 0, "jsonl", FieldConfig())
     assert "needs a user message" in rec.error
     rec = to_record({"prompt": "text", "todo": "do it"}, shard, 1, "jsonl", FieldConfig(instruction="todo"))
-    assert rec.error is None and rec.prompt == "do it\n\ntext" and rec.protected == ("do it",)
+    assert rec.error is None and rec.prompt == "text\n\ndo it" and rec.protected == ("do it",)

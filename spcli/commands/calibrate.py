@@ -48,7 +48,8 @@ def register(app: typer.Typer) -> None:
         prompt_field: Annotated[str, typer.Option(help="--keep-for: INPUT field holding prompt text, as `spcli run --prompt-field`.")] = "prompt",
         messages_field: Annotated[str, typer.Option(help="--keep-for: INPUT field holding chat messages, as `spcli run --messages-field`.")] = "messages",
         id_field: Annotated[str, typer.Option(help="--keep-for: INPUT field holding the row id, as `spcli run --id-field`.")] = "id",
-        instruction_field: Annotated[str, typer.Option(help="--keep-for: INPUT field holding an instruction put before the prompt and never dropped, as `spcli run --instruction-field`.")] = "instruction",
+        instruction_field: Annotated[str, typer.Option(help="--keep-for: INPUT field holding an instruction put beside the prompt and never dropped, as `spcli run --instruction-field`.")] = "instruction",
+        instruction_at: Annotated[str, typer.Option(help="--keep-for: after or before the prompt, as `spcli run --instruction-at`.")] = "after",
     ) -> None:
         """Sweep every speculator layer, window, pool, row aggregation and chunk for fact recall and cost; recommend the cheapest that meets --target-recall, or with --max-cost the best that fits the speed budget; print its `spcli run` flags.
 
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
                              select=dict(chunk=_one(chunk, "--chunk"), keep_scale=keep_scale, keep_min=keep_min, keep_max=keep_max, min_tokens=min_tokens),
                              score=dict(window=window, lookahead=lookahead, score_layers=score_layers, rows=rows),
                              fields=dict(prompt=prompt_field, messages=messages_field, id=id_field,
-                                         instruction=instruction_field))
+                                         instruction=instruction_field, instruction_at=instruction_at))
         cfg = CalibrateConfig(
             out=out, model=model, speculator=speculator, tasks=split_list(tasks, str, "--tasks"),
             lengths=split_list(lengths, int, "--lengths"), samples=samples or 8, keeps=split_list(keep or "0.1,0.2", float, "--keep"),

@@ -49,7 +49,7 @@ def request_for(rec: Record, cfg: RunConfig, stack: ModelStack) -> PrunedRequest
         ids, spec_ids, alignment, layout = cross_tokenize(rec, stack.tokenizer, spec.tokenizer, *limits,
                                                           spec.max_positions, cfg.select)
     restated = None
-    if prunes and cfg.score.restate and rec.protected:
+    if prunes and cfg.score.restate and rec.protected and cfg.fields.instruction_at == "before":
         restated = restated_for(stack, rec.protected, len(ids if spec_ids is None else spec_ids))
     temperature = rec.temperature if rec.temperature is not None else cfg.generate.temperature
     return PrunedRequest(

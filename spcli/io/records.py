@@ -213,19 +213,24 @@ def _openai_request(obj: dict, rec: Record) -> dict:
     return body
 
 
-def put_instruction(rec: Record, instruction, field: str) -> None:
-    """The record's instruction goes first: before its prompt, or its first user message's content (a blank line
-    between), and is protected (`spcli run --protect instruction`: never dropped, outside the keep budget)."""
+def put_instruction(rec: Record, instruction, field: str, at: str = "after") -> None:
+    """The record's instruction goes beside its text, a blank line between: `at` "after" its prompt, or after its
+    last user message's content (the question right before the answer: what a small model answers best, and
+    the speculator's last rows are the question); "before" its prompt or first user message's content (the
+    speculator then reads it again after the prompt: --restate). It is protected (`spcli run --protect
+    instruction`: never dropped, outside the keep budget)."""
     if not isinstance(instruction, str) or not instruction.strip():
         raise RecordError(f"field {field!r} must be a non-empty string, got {instruction!r}")
+    join = (lambda text: f"{text}\n\n{instruction}") if at == "after" else (lambda text: f"{instruction}\n\n{text}")
     if rec.prompt is not None:
-        rec.prompt = f"{instruction}\n\n{rec.prompt}"
+        rec.prompt = join(rec.prompt)
     else:
-        first = next((i for i, m in enumerate(rec.messages) if m.get("role") == "user"), None)
-        if first is None:
-            raise RecordError(f"field {field!r} needs a user message to go before, and 'messages' has none")
+        users = [i for i, m in enumerate(rec.messages) if m.get("role") == "user"]
+        if not users:
+            raise RecordError(f"field {field!r} needs a user message to go {at}, and 'messages' has none")
+        which = users[-1] if at == "after" else users[0]
         rec.messages = [dict(m) for m in rec.messages]
-        rec.messages[first]["content"] = f"{instruction}\n\n{rec.messages[first]['content']}"
+        rec.messages[which]["content"] = join(rec.messages[which]["content"])
     rec.protected = (instruction,)
 
 
@@ -269,7 +274,7 @@ def to_record(obj: Any, shard: Shard, row: int, kind: str, fields: FieldConfig) 
         else:
             raise RecordError(f"field {prompt_key!r} (or {messages_key!r}) is missing or null")
         if src.get(fields.instruction) is not None:
-            put_instruction(rec, src[fields.instruction], fields.instruction)
+            put_instruction(rec, src[fields.instruction], fields.instruction, fields.instruction_at)
         rec.max_tokens = _number(src, max_key, int, 1, 1 << 20, max_key)
         rec.keep = _keep(src)
         rec.temperature = _number(src, "temperature", float, 0, 100, "temperature")
