@@ -59,7 +59,7 @@ MAX_UNIT = 32
 MAX_PRUNE_COST = 0.9  # spcli.engine.pays: a prompt whose pruning would cost this share of its full prefill is prefilled whole
 PROTECT = "system,instruction"  # chat roles whose messages are never dropped, and the record's instruction field
 INSTRUCTION_PLACES = ("after", "before")  # --instruction-at: where a record's instruction goes beside its prompt
-INSTRUCTION = "instruction"  # in --protect: the record's instruction (FieldConfig.instruction), put before its prompt
+INSTRUCTION = "instruction"  # in --protect: the record's instruction (FieldConfig.instruction), put beside its prompt
 
 
 def parse_unit_score(text: str) -> tuple[str, int] | None:

@@ -2,10 +2,10 @@
 
 The speculator's query rows are its prompt's last `window` tokens (speculate.py): with the question after
 the document they are the question, and attention from them finds the fact. A record whose instruction
-comes first (its instruction field, put before the prompt: io.records.put_instruction) ends with the
+comes first (its instruction field with --instruction-at before: io.records.put_instruction) ends with the
 document's last sentences instead, and causal attention from the instruction's own rows cannot see the
 document after it. So the speculator prefills the prompt followed by the instruction's tokens once more
-(`--restate`, on by default): the last rows are the question again, now with the whole document before
+(`--restate`, on by default; only for instructions put before): the last rows are the question again, now with the whole document before
 it. The base model never sees the restated tokens; their importance is cut off before selection, and
 the prompt's own tokens score as they would in a prompt that ended with the question.
 
