@@ -7,7 +7,6 @@ import pytest
 from typer.testing import CliRunner
 
 from spcli.cli import app
-from spcli.errors import NotImplementedFeature
 from test_ray_run import ARGS, comparable
 from test_run import read_outputs
 
@@ -47,8 +46,20 @@ def test_processor_rows_match_spcli_run(tmp_path, tiny_dir, write_jsonl, ray_clu
     assert got["chat"][2] > 0 and len(got["chat"][1]) < got["chat"][2]
 
 
-def test_processor_vllm_refused_by_name():
-    from spcli.ray import build_processor
+def test_a_prepare_stage_without_base_weights_keeps_what_the_whole_engine_keeps(tiny_dir):
+    """engine='vllm' processors prepare on an hf engine without the base's weights (a `self` speculator reads the
+    first layers from the checkpoint); the vLLM side is in tests/test_vllm_ray.py."""
+    from spcli.api import run_config
+    from spcli.batch import prepared
+    from spcli.engine.hf import HFEngine
+    from spcli.io.records import Record
 
-    with pytest.raises(NotImplementedFeature, match="engine='vllm'"):
-        build_processor(engine="vllm")
+    cfg = run_config(["-"], "-", model=str(tiny_dir), **FLAGS)
+    recs = [Record(0, i, r["id"], prompt=r["prompt"]) for i, r in enumerate(records()) if "prompt" in r][:3]
+    whole, alone = HFEngine(cfg), HFEngine(cfg, with_base=False)
+    assert alone.stack.base is None and alone.stack.speculator_layers == 2
+    reqs = [prepared(e, recs, e.cfg, {0: "x"}) for e in (whole, alone)]
+    assert [r.kept.tolist() for r in reqs[0]] == [r.kept.tolist() for r in reqs[1]]
+    assert all(0 < len(r.kept) < r.num_prompt_tokens for r in reqs[1])
+    with pytest.raises(RuntimeError, match="without its base model"):
+        alone.generate([])

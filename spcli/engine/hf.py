@@ -17,13 +17,19 @@ from spcli.resolved import ResolvedRun, resolve_run
 
 
 class HFEngine:
-    def __init__(self, run: ResolvedRun | RunConfig, log=lambda msg: None):
-        """`run`: the resolved run (spcli.resolved); a RunConfig is resolved here (tests, benches)."""
+    def __init__(self, run: ResolvedRun | RunConfig, log=lambda msg: None, with_base: bool = True):
+        """`run`: the resolved run (spcli.resolved); a RunConfig is resolved here (tests, benches).
+        with_base=False: the speculator alone (a prepare stage whose base pass runs elsewhere: spcli.ray.processor);
+        `generate` is then refused."""
         run = run if isinstance(run, ResolvedRun) else resolve_run(run)
         self.cfg = run.cfg
         self.log = log
+        layers = None  # without the base's weights, a self speculator reads its first layers from the checkpoint
+        if not with_base and load.parse_self(run.speculator) is not None:
+            layers = load.self_layers(run.speculator, run.cfg.score, load.read_config(run.model_path).num_hidden_layers)
         self.stack = load.open_stack(load.read_base(run.model_path), run.cfg.model, run.speculator, run.dtype,
-                                     run.device, needs_speculator=run.prunes, speculator_path=run.speculator_path)
+                                     run.device, needs_speculator=run.prunes, speculator_path=run.speculator_path,
+                                     with_base=with_base, speculator_layers=layers)
 
     def check(self, req: PrunedRequest) -> None:
         """Engine-specific refusals of a prepared request (raise RecordError): none here; prompts longer
@@ -32,6 +38,8 @@ class HFEngine:
     def generate(self, requests: list[PrunedRequest], should_stop=lambda: False) -> list[Generation | RecordError]:
         """should_stop() is asked between decode steps (StopAtSafePoint drops the batch)."""
         s = self.stack
+        if s.base is None:
+            raise RuntimeError("this HFEngine was opened without its base model (with_base=False): it only prepares")
         try:
             return hf_pass.generate(s.base, requests, s.tokenizer, s.eos_ids, s.pad_id, s.device,
                                     should_stop=should_stop)

@@ -365,6 +365,12 @@ class ModelStack:
                                  self.speculator_layers, self.speculator_path).load(self.device)
 
 
+def self_layers(speculator: str, score, num_layers: int) -> int:
+    """How many of the base's first layers a `self`/`self:K` speculator with early exit reads (score: ScoreConfig)."""
+    k = parse_self(speculator) or num_layers
+    return score.layers(k)[-1] + 1
+
+
 def speculator_source(path: Path, model: str, speculator: str, dtype: str, max_positions: int,
                       speculator_layers: int | None = None, speculator_path: Path | None = None):
     """What a speculator loads where the base's weights are not here (vLLM holds them): a model folder

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from spcli.config import RunConfig, ScoreConfig
+from spcli.config import RunConfig
 from spcli.engine import load
 from spcli.engine.failures import raise_if_device_error
 from spcli.engine.ready_poll import ReadyPoll, SecondsPerToken
@@ -49,14 +49,8 @@ from spcli.resolved import ResolvedRun, resolve_run
 from spcli.stop import StopAtSafePoint
 
 
-def self_layers(speculator: str, score: ScoreConfig, num_layers: int) -> int:
-    """How many of the base's first layers a `self`/`self:K` speculator with early exit reads."""
-    k = load.parse_self(speculator) or num_layers
-    return score.layers(k)[-1] + 1
-
-
 class VllmEngine:
-    def __init__(self, run: ResolvedRun | RunConfig, log=lambda msg: None, runner=None):
+    def __init__(self, run: ResolvedRun | RunConfig, log=lambda msg: None, runner=None, with_speculator: bool = True):
         """`run`: the resolved run (spcli.resolved; a RunConfig is resolved here: tests, benches). `runner`: an
         already started VllmRunner to reuse, or a vllm_start.StartingRunner (tests, benches); else one is started
         here: on a thread of its own where the speculator is in this process on the CPU (vllm_start.py).
@@ -64,16 +58,18 @@ class VllmEngine:
         The stack is made once, complete, after the runner: the driver placement's device (the resolved one,
         NVML's count, no CUDA before vLLM starts; the workers placement holds no model here: CPU, for
         tokenizing), the self speculator's layers, and what the runner decides (max_positions, the reserve's
-        prompt bound, the worker speculator)."""
+        prompt bound, the worker speculator). with_speculator=False: an engine for requests prepared elsewhere
+        (spcli.ray.processor's base stage): no speculator is loaded or reserved for, whatever --keep says."""
         run = run if isinstance(run, ResolvedRun) else resolve_run(run)
         cfg = run.cfg
         self.cfg = cfg
+        self.scores = cfg.select.prunes and with_speculator  # a speculator runs here (in the workers or this process)
         self.log = log
         self.placement = cfg.vllm.speculator_placement
         self.dtype = run.dtype  # the base's, for the replicas on the GPUs too (not the driver CPU's)
         name = run.speculator
         model_config = read_model_config(run.model_path)  # read once: layers, RoPE table, quantization
-        if cfg.select.prunes:  # what `spcli plan` refuses, refused here before vLLM is imported or started
+        if self.scores:  # what `spcli plan` refuses, refused here before vLLM is imported or started
             refuse_speculator(name, cfg.model, cfg.score, base_quantization(cfg.model, stored_quantization(model_config)),
                               int(model_config["num_hidden_layers"]))
         platform = _import_vllm()  # first: no CUDA runtime call before it (spcli/device.py); vLLM sets the NVML check too
@@ -83,11 +79,11 @@ class VllmEngine:
         self.source = None  # what the speculator loads (checked before vLLM starts); None: it cannot run here
         layers = None  # a self speculator's first layers (early exit), read from the base's checkpoint
         tokens = load.UNREAD  # the speculator's own tokenizer, where it runs
-        if not cfg.select.prunes:
+        if not self.scores:
             pass  # the full-prefill baseline: no speculator, even where the preset's is not on this machine
         elif load.parse_self(name) is None or not cfg.score.lookahead:  # self with look-ahead: refused above
             if load.parse_self(name) is not None:
-                layers = self_layers(name, cfg.score, int(model_config["num_hidden_layers"]))
+                layers = load.self_layers(name, cfg.score, int(model_config["num_hidden_layers"]))
             self.source = load.speculator_source(base.path, cfg.model, name, self.dtype, base.max_positions, layers,
                                                  run.speculator_path)
             tokens = load.speculator_tokens(base.tokenizer, name, run.speculator_path)
@@ -158,7 +154,7 @@ class VllmEngine:
     def _shares_gpu(self, tp: int, device) -> bool:
         """The speculator sits on vLLM's GPUs (workers: all of them; driver: --device, if one of 0 .. tp-1)
         and will be loaded (--keep < 1)."""
-        if self.source is None or not self.cfg.select.prunes:
+        if self.source is None or not self.scores:
             return False
         if self.placement == "workers":
             return True

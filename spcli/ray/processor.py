@@ -9,17 +9,21 @@ chain of stages, each an actor pool with its own concurrency, batch size and res
   1. PrepareStage: record -> tokenize -> speculate -> select (spcli/engine/prepare.py), on the GPUs (or CPUs) it
      is given. Out: the kept token ids and their positions (`tokenized_prompt`, and `sampling_params` whose
      `extra_args` carry spcli's kept positions, as spcli's vLLM worker reads them), or the row's error.
-  2. BasePassStage: the base model prefills the kept tokens at their original positions and decodes
-     (`engine="hf"`: spcli's hf pass). Out: spcli's output columns (batch.output_row), as `spcli run` writes.
+  2. BasePassStage: the base model prefills the kept tokens at their original positions and decodes:
+     `engine="hf"`, spcli's hf pass; `engine="vllm"`, spcli's vLLM engine (vLLM with spcli's worker class, the
+     kept positions in each request, TP on the actor's GPUs as `--tp` says). Out: spcli's output columns
+     (batch.output_row), as `spcli run` writes.
+With `engine="vllm"` stage 1 loads the speculator alone (no base weights) on its actor's device, and stage 2's
+vLLM takes only the prepared requests: no speculator pass runs in vLLM's workers.
 A bad record (no prompt, a wrong type, too long) becomes a row with `error` set in either stage, never a
 failed job; an input column `id` names rows (else a stable hash of the record).
 
 Where this differs from Ray Data LLM (`ray.data.llm.build_processor`): the speculator stage is new, and
 errors are rows by design (Ray Data LLM's `should_continue_on_error` is off by default and covers the engine
 stage only); no checkpointing of its own (Ray Data's, or `spcli run --ray` for files: exactly once, resumable).
-`engine="vllm"` would hand stage 1's rows to Ray Data LLM's own vLLM stage (`vLLMEngineProcessorConfig` with
-`engine_kwargs={"worker_cls": spcli's worker}`: `tokenized_prompt` and `sampling_params.extra_args` already
-carry what that worker needs); it is not built yet and is refused by name.
+The vLLM stage is spcli's own, not Ray Data LLM's `vLLMEngineProcessorConfig` stage: stage 1's `tokenized_prompt`
+and `sampling_params.extra_args` carry what spcli's worker reads, so that stage could take them with
+`engine_kwargs={"worker_cls": ...}`, but spcli's stage also turns vLLM's refusals into error rows.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import orjson
 import pyarrow as pa
 
 from spcli.config import RunConfig
-from spcli.errors import NotImplementedFeature
 
 SHARD_PATH = "dataset"  # how error messages name a dataset row: "dataset:line N" is not meaningful, ids are
 _IDS = pa.list_(pa.int64())
@@ -55,9 +58,6 @@ def build_processor(*, concurrency: int = 1, batch_size: int = 8, num_cpus: floa
 
     require_ray()
     cfg = run_config(["-"], "-", **flags)
-    if cfg.engine != "hf":
-        raise NotImplementedFeature("spcli.ray.build_processor: engine='vllm' (Ray Data LLM's vLLM stage with spcli's "
-                                    "worker) is not implemented yet; use engine='hf', or spcli run --ray --engine vllm")
     return SpcliProcessor(cfg, concurrency, prepare_concurrency or concurrency, batch_size, num_cpus, num_gpus)
 
 
@@ -75,14 +75,27 @@ class SpcliProcessor:
         return ds.map_batches(BasePassStage, concurrency=self.concurrency, **kw)
 
 
-def _engine(cfg: RunConfig):
-    """The stage's engine and the resolved configuration (the model's scoring settings filled in) it runs."""
+def _engine(cfg: RunConfig, prepares: bool = False):
+    """The stage's engine and the resolved configuration (the model's scoring settings filled in) it runs.
+    prepares: stage 1 of a vLLM processor, the speculator alone on this actor's device (an hf engine without
+    base weights; the same resolved run, so its dtype is the vLLM base's)."""
+    import os
+
+    from spcli.engine.hf import HFEngine
     from spcli.progress import setup_logging
+    from spcli.ray.worker import VLLM_EXECUTOR_ENV
     from spcli.resolved import resolve_run
     from spcli.run import build_engine
 
     setup_logging("WARNING")
+    os.environ.setdefault(VLLM_EXECUTOR_ENV, "mp")  # vLLM's own processes for TP inside this actor, as worker.py
     resolved = resolve_run(cfg)
+    if cfg.engine == "vllm":
+        from spcli.engine.vllm_engine import VllmEngine
+
+        if prepares:
+            return HFEngine(resolved, with_base=False), resolved.cfg
+        return VllmEngine(resolved, with_speculator=False), resolved.cfg
     return build_engine(resolved), resolved.cfg
 
 
@@ -109,7 +122,7 @@ class PrepareStage:
     """Stage 1: records -> kept tokens (or an error), one row each, in order."""
 
     def __init__(self, cfg: RunConfig):
-        self.engine, self.cfg = _engine(cfg)
+        self.engine, self.cfg = _engine(cfg, prepares=True)
 
     def __call__(self, batch):
         from spcli.batch import prepared
