@@ -128,6 +128,9 @@ proc = subprocess.run(cmd, capture_output=True, text=True)
 lines = [l for l in proc.stderr.splitlines() if not l.startswith("(")]  # vLLM's own lines start "(Engine..."
 print("\n".join(lines[-12:]))
 print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "(no stdout)")
+# the replicas' prompt bound measured once vLLM is up (issue 40: mem_get_info in each worker, not only the plan)
+measured = [l for l in proc.stderr.splitlines() if "free on a GPU" in l]
+print(measured[-1] if measured else f"{variant}: replica prompt bound as planned (vLLM left the reserve free)")
 import pyarrow.parquet as pq
 out = [r for p in sorted(out_dir.glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
 ok = proc.returncode == 0 and len(out) == rows and all(r["error"] is None for r in out)

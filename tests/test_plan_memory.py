@@ -9,7 +9,7 @@ from spcli.errors import ConfigError
 from spcli.plan.configs import SHIPPED_CONFIGS
 from spcli.plan.memory import (
     GiB, base_weight_bytes_per_gpu, batched_chunk_tokens, gpu_memory_utilization, kv_bytes_per_token_per_gpu,
-    speculator_reserve, speculator_share,
+    measured_prompt_len, prompt_len_within, speculator_reserve, speculator_share,
 )
 from spcli.plan.shapes import ModelShape
 
@@ -95,3 +95,21 @@ def test_base_weights_split_over_ranks_and_kv_heads_copied_past_their_number():
     assert base_weight_bytes_per_gpu(shape, 1, "fp8") == 32 * (layer + kv) + embed * 2 + norms
     assert kv_bytes_per_token_per_gpu(shape, 4, 2) == 32 * 2 * 2 * 128 * 2
     assert kv_bytes_per_token_per_gpu(shape, 16, 1) == 32 * 2 * 1 * 128 * 1
+
+
+def test_the_prompt_bound_is_what_vllm_left_free_after_its_start():
+    """Issue 40: the replica's prompt bound from the memory free once vLLM is up (each worker's mem_get_info),
+    not only the plan: the planned bound where its reserve fits, the longest prompt that fits where less is free
+    (a note says so), a refusal where nothing fits."""
+    score = PAPER
+    reserve = lambda n: speculator_reserve(LLAMA_8B, n, score, 2, 8192).total
+    planned = 32768
+    assert measured_prompt_len(reserve(planned) + 1, planned, LLAMA_8B, score, 2, 8192) == (planned, None)
+    free = (reserve(8192) + reserve(16384)) // 2  # something else holds the rest of the GPU
+    fits, note = measured_prompt_len(free, planned, LLAMA_8B, score, 2, 8192)
+    assert 8192 <= fits < 16384 and reserve(fits) <= free < reserve(fits + 1)
+    assert note.startswith(f"vLLM left {free / GiB:.2f} GiB free on a GPU where the speculator's reserve for 32768")
+    assert f"prompts up to {fits} tokens" in note
+    assert prompt_len_within(reserve(1) - 1, LLAMA_8B, score, 2, 8192, planned) == 0
+    with pytest.raises(ConfigError, match="no prompt fits; lower --gpu-memory-utilization"):
+        measured_prompt_len(reserve(1) - 1, planned, LLAMA_8B, score, 2, 8192)

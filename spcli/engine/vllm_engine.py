@@ -103,6 +103,8 @@ class VllmEngine:
         remote = None
         if self.placement == "workers" and self.source is not None:
             remote = WorkerSpeculator(self.runner.llm, self.source, base.eos_ids if tokens is None else tokens.eos_ids)
+            if max_prompt_len:  # the reserve was planned: what vLLM left free is measured now (issue 40)
+                max_prompt_len = self._measured_prompt_len(remote.free_bytes(), max_prompt_len)
         self.stack = load.open_stack(
             base, cfg.model, name, self.dtype, device, with_base=False, needs_speculator=False,  # source checked it
             speculator_path=run.speculator_path, speculator_tokens=tokens, speculator_layers=layers,
@@ -177,6 +179,22 @@ class VllmEngine:
         return default_prompt_len(base, spec, self.cfg.score, self.cfg.speculator_chunk, total_bytes, b,
                                   args["tensor_parallel_size"], args["engine_kwargs"].get("quantization"),
                                   KV_CACHE_BYTES.get(args["kv_cache_dtype"], b), args["max_model_len"] or max_positions)
+
+    def _measured_prompt_len(self, free_bytes: int | None, planned: int) -> int:
+        """The speculator's prompt bound once vLLM is up: the planned one where the replicas' reserve fits in
+        what vLLM left free on every GPU, else the longest prompt that fits (longer ones become error rows
+        naming --max-prompt-len, instead of running out of memory beside vLLM's steps). None: a CPU."""
+        from spcli.plan.memory import measured_prompt_len
+        from spcli.plan.shapes import DTYPE_BYTES, ModelShape
+
+        if free_bytes is None:
+            return planned
+        shape = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
+        fits, note = measured_prompt_len(free_bytes, planned, shape, self.cfg.score, DTYPE_BYTES[self.dtype],
+                                         self.cfg.speculator_chunk)
+        if note:
+            self.log(note)
+        return fits
 
     def _speculator_share(self, max_prompt_len: int, total_bytes: int):
         """The plan's (spcli/plan/memory.py): the reserve for prompts up to max_prompt_len, the utilization."""
@@ -287,6 +305,11 @@ class WorkerSpeculator:
         replies = sorted(replies, key=lambda r: r["rank"])
         self.ranks_used = [r["rank"] for r, share in zip(replies, shares) if share]
         return replies
+
+    def free_bytes(self) -> int | None:
+        """The least device memory free on any worker now (spcli_free_bytes); None on CPUs."""
+        free = [r["free"] for r in self._rpc("spcli_free_bytes", ())]
+        return None if None in free else min(free)
 
     def _rpc(self, method: str, args: tuple) -> list:
         try:

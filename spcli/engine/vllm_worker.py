@@ -182,6 +182,14 @@ class SpcliWorker(_BaseWorker):
             jobs = self.__dict__["_spcli_jobs"] = SpeculatorQueue(self.device)
         jobs.submit(job_id, replica.speculate, source, shares[self.rank], score, eos_ids, chunk, with_unpooled)
 
+    def spcli_free_bytes(self) -> dict:
+        """{"rank", "free"}: the device memory CUDA has free now (vLLM's KV cache and weights already taken; the
+        allocator's cached blocks are vLLM's), None on a CPU. Asked once after vLLM starts (vllm_engine.py)."""
+        import torch
+
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+        return {"rank": self.rank, "free": free}
+
     def spcli_ready(self, job_id: str) -> bool:
         """Whether the submitted job is done (its collect would not wait)."""
         return self.__dict__["_spcli_jobs"].is_done(job_id)

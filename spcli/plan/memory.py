@@ -160,6 +160,39 @@ def gpu_memory_utilization(total_bytes: int, reserve_bytes: int) -> float:
     return min(DEFAULT_GPU_MEMORY_UTILIZATION, share)
 
 
+def prompt_len_within(free_bytes: int, shape: ModelShape, score: ScoreConfig, dtype_bytes: int, chunk: int,
+                      upper: int) -> int:
+    """The longest prompt (<= upper) whose speculator reserve fits in free_bytes, 0 where none does: what a
+    replica can take beside vLLM, measured (`torch.cuda.mem_get_info` in each worker once vLLM is up) rather
+    than planned (the reserve holds more as prompts grow, so this is a bisection)."""
+    fits = lambda n: speculator_reserve(shape, n, score, dtype_bytes, chunk).total <= free_bytes
+    if fits(upper):
+        return upper
+    lo, hi = 0, upper  # fits(lo) assumed (0: nothing), fits(hi) false
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def measured_prompt_len(free_bytes: int, planned: int, shape: ModelShape, score: ScoreConfig, dtype_bytes: int,
+                        chunk: int) -> tuple[int, str | None]:
+    """(the speculator's prompt bound, a note saying why it is lower than planned or None): `planned` where the
+    reserve for it fits in what vLLM left free on every GPU, else the longest prompt that fits (longer ones become
+    error rows instead of running out of memory beside vLLM's steps). None fits: ConfigError."""
+    fits = prompt_len_within(free_bytes, shape, score, dtype_bytes, chunk, planned)
+    if fits == planned:
+        return planned, None
+    need = speculator_reserve(shape, planned, score, dtype_bytes, chunk).total
+    what = (f"vLLM left {free_bytes / GiB:.2f} GiB free on a GPU where the speculator's reserve for {planned}-token "
+            f"prompts is {need / GiB:.2f} GiB")
+    if fits == 0:
+        raise ConfigError(f"{what}: no prompt fits; lower --gpu-memory-utilization or --speculator-chunk, or free "
+                          "the GPU of other processes")
+    return fits, (f"{what}: the speculator takes prompts up to {fits} tokens (longer ones become error rows naming "
+                  "--max-prompt-len; lower --gpu-memory-utilization to give it more)")
+
+
 @dataclass(frozen=True)
 class SpeculatorShare:
     reserve: Reserve
