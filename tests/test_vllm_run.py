@@ -582,6 +582,31 @@ def test_max_prompt_len_rows_are_retried_with_retry_failed(shared_engine, chat_j
 
 
 @needs_vllm
+def test_the_processor_stages_on_vllm_give_the_rows_of_spcli_run(pruned_run, vllm_base, chat_jsonl, tiny_dir):
+    """spcli.ray.build_processor(engine='vllm')'s two stages without Ray (tests/test_vllm_ray.py runs them in Ray
+    Data, outside `make test`): the speculator alone on an hf engine without base weights prepares, vLLM without a
+    replica prefills and decodes; the rows are spcli run's on the same records."""
+    from spcli.api import run_config
+    from spcli.batch import prepared
+    from spcli.engine.hf import HFEngine
+    from spcli.engine.vllm_engine import VllmEngine
+    from spcli.io.read import read_records
+    from spcli.io.records import discover
+
+    cfg = run_config([str(chat_jsonl)], "-", engine="vllm", speculator=str(tiny_dir), model="smollm2-135m",
+                     dtype="float32", max_tokens=MAX_TOKENS, keep="0.3", min_tokens=16, max_prune_cost=math.inf,
+                     unit="chunk", min_free=0)
+    prepare, base = HFEngine(cfg, with_base=False), VllmEngine(cfg, runner=vllm_base, with_speculator=False)
+    assert prepare.stack.base is None and base.source is None and base.stack.speculate_remote is None
+    (shard,) = discover([str(chat_jsonl)])
+    records = list(read_records(shard, cfg.fields))
+    requests = prepared(prepare, records, prepare.cfg, {0: shard.path})
+    gens = base.generate(requests)
+    got = {req.record_id: (req.kept.tolist(), g.text) for req, g in zip(requests, gens)}
+    assert got == {i: (row["kept_indices"], row["output"]) for i, row in pruned_run.items()}
+
+
+@needs_vllm
 def test_worker_submit_and_collect_give_what_speculate_gives(shared_engine, tiny_dir):
     """The replica's submit/collect pair (replica_queue.py) through vLLM's real RPC: two windows submitted ahead,
     collected in the other order, each equal to a blocking spcli_speculate of the same prompts."""
