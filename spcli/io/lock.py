@@ -13,6 +13,9 @@ import orjson
 from spcli.errors import OutputError
 
 
+BUSY_TRIES, BUSY_WAIT_S = 3, 0.05  # a held lock is asked again this often before the run is refused
+
+
 class WriterLock:
     """One writer per directory (per Slurm task): `.lock[-task-N]` holding host, pid and job id.
 
@@ -31,13 +34,17 @@ class WriterLock:
 
     def acquire(self) -> None:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "job": self.job or os.environ.get("SLURM_JOB_ID"), "time": time.time()}
-        for _ in range(20):
+        for attempt in range(20):
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:
                 raise OutputError(f"{self.path.parent}: output directory is not writable ({e.strerror})") from e
             try:
                 has_flock = _try_flock(fd)
+                if has_flock is False and attempt < BUSY_TRIES:  # maybe `spcli status` probing it (is_held): a moment
+                    os.close(fd)
+                    time.sleep(BUSY_WAIT_S)
+                    continue
                 if has_flock is False:
                     raise self._busy(self._owner(fd))
                 if not _same_file(fd, self.path):
@@ -114,7 +121,7 @@ def is_held(path: Path) -> bool:
         import fcntl
 
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released when fd closes, a moment later
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released when fd closes (a run taking it now asks again)
             return False
         except BlockingIOError:
             return True
