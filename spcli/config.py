@@ -306,9 +306,9 @@ class RunConfig:
         _check(all(self.pass_through), f"--pass-through takes column names, comma-separated, got {self.pass_through}")
         _check(self.ray_workers is None or self.ray_workers >= 1, f"--ray-workers must be >= 1, got {self.ray_workers}")
         _check(self.ray_workers is None or self.ray is not None, "--ray-workers needs --ray")
-        _check(self.ray is None or not (self.fresh or self.retry_failed),
-               "--ray takes no --fresh or --retry-failed yet: use a new --out directory, or run --retry-failed "
-               "without --ray")
+        _check(self.ray is None or not self.retry_failed,
+               "--ray takes no --retry-failed yet: its error rows stay (spcli inspect DIR --failed lists them); run "
+               "those records again into a new --out")
 
     @property
     def hf_batch(self) -> int:

@@ -123,6 +123,16 @@ def test_ray_run_same_rows_as_plain_run(tmp_path, tiny_dir, ray_cluster):
     assert again.exit_code == 0 and again.output.startswith("nothing to do: 13 rows already done"), again.output
     refused = CliRunner().invoke(app, ["run", *inputs, "--out", str(on_ray), "--model", str(tiny_dir), *ARGS])
     assert isinstance(refused.exception, OutputError) and "made by spcli run --ray" in str(refused.exception)
+    # --fresh: the slots' manifests and parts go, the job runs again (here with another max_tokens), each id once
+    (on_ray / ".part-00000-00009.parquet.77-zz.tmp").write_bytes(b"left by a killed writer")
+    fresh = CliRunner().invoke(app, [*cmd[:-2], "--ray-workers", "1", "--max-tokens", "2", "--fresh"])
+    assert fresh.exit_code == 0, fresh.output
+    assert "--fresh: removed 2 manifest(s) and" in fresh.output and "done: 13 rows (1 failed" in fresh.output
+    again = read_outputs(on_ray)
+    assert_exactly_once(again, 13)
+    assert not list(on_ray.glob(".part-*.tmp"))
+    assert all(r["num_output_tokens"] <= 2 for r in again if r["error"] is None)
+    assert [p.name for p in on_ray.glob("manifest*.json")] == ["manifest-task-00000.json"]
 
 
 def test_ray_actor_killed_then_driver_killed_every_id_once(tmp_path, tiny_dir, ray_cluster):

@@ -10,6 +10,7 @@ Progress shows every actor's committed rows; the done line is the directory's, a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -23,7 +24,7 @@ from spcli.io.read import check_shard, count_rows
 from spcli.io.records import discover
 from spcli.progress import Progress
 from spcli.ray.cluster import actor_shape, connect, require_ray
-from spcli.ray.slots import Work, WorkQueue, read_slots
+from spcli.ray.slots import Slots, Work, WorkQueue, read_slots
 from spcli.ray.worker import Worker
 from spcli.stop import StopRequest
 
@@ -46,11 +47,11 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
             log.warning("%s", warning)
     slots = read_slots(out)
     paths = [s.path for s in shards]
-    if slots.owner and not set(slots.owner) <= set(paths):
+    if slots.owner and not set(slots.owner) <= set(paths) and not cfg.fresh:
         gone = sorted(set(slots.owner) - set(paths))
         raise OutputError(f"{out}: shard {gone[0]} was run here and is no longer among the inputs; give the same inputs")
     progress = progress or Progress(total=None)
-    if all(p in slots.done for p in paths):
+    if all(p in slots.done for p in paths) and not cfg.fresh:
         return _summary(RunSummary, out, len(shards), progress, 0.0, nothing_to_do=True)
     ray = require_ray()
     started = connect(cfg.ray)
@@ -62,6 +63,9 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
         with StopRequest(log=log.warning) as stop:
             lock.acquire()
             try:
+                if cfg.fresh:  # under the driver's lock; the actors then run as on a new directory
+                    slots = start_over(out)
+                    cfg = dataclasses.replace(cfg, fresh=False)
                 _drive(ray, cfg, shards, slots, progress, stop)
             finally:
                 lock.release()
@@ -74,6 +78,27 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
             ray.shutdown()
     progress.close()
     return _summary(RunSummary, out, len(shards), progress, time.perf_counter() - t0)
+
+
+def start_over(out: Path) -> Slots:
+    """--fresh with --ray: every slot's manifest removed, then every part and temporary file (the manifests first:
+    a part no manifest lists is uncommitted, so a driver killed halfway leaves what any next run cleans up).
+    Refused while a live process holds a slot's lock (an actor of another driver). Unlike a plain run's --fresh,
+    the model is not loaded first: the actors load it, on their nodes."""
+    from spcli.io.commit import remove_uncommitted
+    from spcli.io.lock import is_held
+
+    held = sorted(p.name for p in out.glob(".lock-task-*") if is_held(p))
+    if held:
+        raise OutputError(f"{out}: {held[0]} is held by a running actor of another run; stop it before --fresh")
+    manifests = sorted(out.glob("manifest-task-*.json"))
+    for path in manifests:
+        path.unlink()
+    parts = [name for name in remove_uncommitted(out, set(), None, "") if not name.startswith(".")]  # and part temps
+    for temp in out.glob(".manifest-task-*.tmp"):  # a manifest's save cut short
+        temp.unlink()
+    log.info("--fresh: removed %d manifest(s) and %d output file(s) of the earlier run", len(manifests), len(parts))
+    return Slots()
 
 
 def _drive(ray, cfg: RunConfig, shards, slots, progress: Progress, stop: StopRequest) -> None:
