@@ -60,3 +60,29 @@ def test_read_slots_reads_owners_and_progress(tmp_path):
         (tmp_path / f"manifest-task-{slot:05d}.json").write_text(json.dumps(doc))
     slots = read_slots(tmp_path)
     assert slots.owner == {PATHS[0]: 0, PATHS[1]: 1} and slots.done == {PATHS[0]} and slots.rows[PATHS[1]] == 2
+
+
+def test_fresh_removes_the_slots_outputs_unless_an_actor_holds_one(tmp_path):
+    """--fresh with --ray (driver.start_over): the manifests first, then parts and temp files; refused while a live
+    process holds a slot's lock. --retry-failed with --ray is refused by the configuration."""
+    from spcli.config import RunConfig
+    from spcli.errors import ConfigError, OutputError
+    from spcli.io.lock import WriterLock
+    from spcli.ray.driver import start_over
+
+    for name in ("manifest-task-00000.json", "manifest-task-00001.json", "part-00000-00000.parquet",
+                 "part-00001-00003.jsonl", ".part-00002-00000.parquet.9-ab.tmp", ".manifest-task-00001.json.4-cd.tmp"):
+        (tmp_path / name).write_text("x")
+    lock = WriterLock(tmp_path, 1)
+    lock.acquire()
+    try:
+        with pytest.raises(OutputError, match="lock-task-00001 is held by a running actor of another run"):
+            start_over(tmp_path)
+    finally:
+        lock.release()
+    (tmp_path / ".lock-task-00000").write_text("{}")  # a killed actor's: nobody holds it
+    assert start_over(tmp_path).owner == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock-task-00000"]
+    RunConfig(inputs=("x",), out="y", ray="auto", fresh=True)
+    with pytest.raises(ConfigError, match="--ray takes no --retry-failed yet"):
+        RunConfig(inputs=("x",), out="y", ray="auto", retry_failed=True)
