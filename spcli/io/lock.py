@@ -118,16 +118,9 @@ def is_held(path: Path) -> bool:
         owner = WriterLock._owner(fd) or {}
         if owner.get("host") not in (None, socket.gethostname()):
             return True
-        import fcntl
-
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released when fd closes (a run taking it now asks again)
-            return False
-        except BlockingIOError:
-            return True
-        except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
+        got = _try_flock(fd, shared=True)  # released when fd closes (a run taking it now asks again)
+        if got is not None:
+            return not got
         pid = owner.get("pid")  # no flock on this file system: the pid it names
         return isinstance(pid, int) and _pid_alive(pid)
     finally:
@@ -145,12 +138,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _try_flock(fd: int) -> bool | None:
-    """True: locked; False: another process holds it; None: this file system has no flock."""
+def _try_flock(fd: int, shared: bool = False) -> bool | None:
+    """True: locked (`shared`: a shared lock, as a probe takes); False: another process holds it; None: this file
+    system has no flock."""
     import fcntl
 
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
         return False
