@@ -26,6 +26,7 @@ vllm_pass.py). What is supported:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -174,7 +175,7 @@ class VllmEngine:
         if self.cfg.vllm.max_prompt_len:
             return min(self.cfg.vllm.max_prompt_len, max_positions)
         base = ModelShape.from_folder(model_path)  # a stored quantization counts in its headers' bytes
-        spec = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
+        spec = self._speculator_shape
         b = DTYPE_BYTES[self.dtype]
         return default_prompt_len(base, spec, self.cfg.score, self.cfg.speculator_chunk, total_bytes, b,
                                   args["tensor_parallel_size"], args["engine_kwargs"].get("quantization"),
@@ -185,13 +186,12 @@ class VllmEngine:
         what vLLM left free on every GPU, else the longest prompt that fits (longer ones become error rows
         naming --max-prompt-len, instead of running out of memory beside vLLM's steps). None: a CPU."""
         from spcli.plan.memory import measured_prompt_len
-        from spcli.plan.shapes import DTYPE_BYTES, ModelShape
+        from spcli.plan.shapes import DTYPE_BYTES
 
         if free_bytes is None:
             return planned
-        shape = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
-        fits, note = measured_prompt_len(free_bytes, planned, shape, self.cfg.score, DTYPE_BYTES[self.dtype],
-                                         self.cfg.speculator_chunk)
+        fits, note = measured_prompt_len(free_bytes, planned, self._speculator_shape, self.cfg.score,
+                                         DTYPE_BYTES[self.dtype], self.cfg.speculator_chunk)
         if note:
             self.log(note)
         return fits
@@ -199,11 +199,18 @@ class VllmEngine:
     def _speculator_share(self, max_prompt_len: int, total_bytes: int):
         """The plan's (spcli/plan/memory.py): the reserve for prompts up to max_prompt_len, the utilization."""
         from spcli.plan.memory import speculator_share
-        from spcli.plan.shapes import DTYPE_BYTES, ModelShape
+        from spcli.plan.shapes import DTYPE_BYTES
 
-        shape = ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
-        return speculator_share(shape, self.cfg.score, max_prompt_len, self.cfg.speculator_chunk, total_bytes,
-                                DTYPE_BYTES[self.dtype])
+        return speculator_share(self._speculator_shape, self.cfg.score, max_prompt_len, self.cfg.speculator_chunk,
+                                total_bytes, DTYPE_BYTES[self.dtype])
+
+    @functools.cached_property
+    def _speculator_shape(self):
+        """The layers the speculator's replicas load (plan.shapes.ModelShape), read from its folder once: the
+        reserve's plan, its share of the GPU and the bound measured after vLLM starts all size it."""
+        from spcli.plan.shapes import ModelShape
+
+        return ModelShape.from_folder(Path(self.source.path), self.source.num_layers)
 
     def check(self, req: PrunedRequest) -> None:
         runner = self.starting.started()
