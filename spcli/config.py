@@ -32,6 +32,7 @@ def check_speculator_chunk(chunk: int) -> None:
     _check(chunk >= 1, f"--speculator-chunk must be >= 1, got {chunk}")
 
 
+SPLIT_ROWS = 10_000  # --ray: rows per range of a larger file (spcli.ray.pieces); a unit of work and of resume
 SPECULATOR_CHUNK = 8192  # tokens per speculator prefill call: its activations are one chunk's, not the prompt's
 AUTO = "auto"  # keep = auto: a per-prompt budget from the importance itself (keep_scale, keep_min, keep_max)
 AUTO_CRITERION = "perplexity-unpooled"  # keep = auto's budget: spcli.engine.select.auto_budget (issue 20)
@@ -282,6 +283,7 @@ class RunConfig:
     pass_through: tuple[str, ...] = ()  # input columns copied into the output rows (a comma-separated string is split)
     ray: str | None = None  # None: this process; "": a local Ray cluster (started or joined); else its address
     ray_workers: int | None = None  # actors of a Ray run (None: as many as the cluster's GPUs or CPUs hold)
+    split_rows: int | None = None  # --ray: files of more rows run as ranges of this many (None: SPLIT_ROWS; 0: whole)
     select: SelectConfig = field(default_factory=SelectConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
@@ -306,6 +308,8 @@ class RunConfig:
         _check(all(self.pass_through), f"--pass-through takes column names, comma-separated, got {self.pass_through}")
         _check(self.ray_workers is None or self.ray_workers >= 1, f"--ray-workers must be >= 1, got {self.ray_workers}")
         _check(self.ray_workers is None or self.ray is not None, "--ray-workers needs --ray")
+        _check(self.split_rows is None or self.split_rows >= 0, f"--split-rows must be >= 0, got {self.split_rows}")
+        _check(self.split_rows is None or self.ray is not None, "--split-rows needs --ray")
         _check(self.ray is None or not self.retry_failed,
                "--ray takes no --retry-failed yet: its error rows stay (spcli inspect DIR --failed lists them); run "
                "those records again into a new --out")
@@ -322,7 +326,7 @@ class RunConfig:
         """Everything that changes outputs (inputs' identity is added by the manifest)."""
         d = self.to_dict()
         for k in ("inputs", "out", "batch_size", "commit_interval", "speculator_chunk", "fresh", "force", "retry_failed",
-                  "device", "ray", "ray_workers"):
+                  "device", "ray", "ray_workers", "split_rows"):
             d.pop(k)
         d["score"].pop("impl")
         if d["select"]["keep"] == AUTO:  # the budget's criterion changed with issue 20: older auto outputs differ

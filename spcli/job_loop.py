@@ -63,7 +63,7 @@ class Reorder:
                 self.order.popleft()
                 self.committer.commit(head.shard.index, done=True)
                 if self.manifest.shards[head.shard.index].rows == 0 and head.shard.index not in self.warned:
-                    log.warning("%s: no records", head.shard.path)
+                    log.warning("%s: no records", head.shard.key)
                 continue
             row = self.finished.pop(id(head), None)
             if row is None:

@@ -60,13 +60,14 @@ class RunSummary:
 class WorkerShare:
     """What one worker of a pool runs (a Ray actor: spcli/ray/worker.py), as a Slurm array task runs its share.
 
-    task: its manifest's task record (`manifest-task-<index>.json`, its own lock); paths: the shards it owns in
-    that manifest (those it committed to before and the one it takes now); the fingerprint's inputs are every
-    shard of the job, the same for every worker, so that a worker's list of shards can grow. engines: the
-    worker's engines kept between shards (a model loads once per worker)."""
+    task: its manifest's task record (`manifest-task-<index>.json`, its own lock); shards: the shards (or row
+    ranges of them: spcli/ray/pieces.py) it owns in that manifest (those it committed to before and the one it
+    takes now); the fingerprint's inputs are every file of the job, the same for every worker, so that a
+    worker's list of shards can grow. engines: the worker's engines kept between shards (a model loads once per
+    worker)."""
 
     task: dict
-    paths: frozenset[str]
+    shards: tuple[Shard, ...]
     engines: dict = field(default_factory=dict)
 
 
@@ -75,10 +76,10 @@ def my_shards(shards: list[Shard], share: WorkerShare | None = None) -> tuple[li
     from spcli.slurm.tasks import array_task, assign_shards
 
     if share is not None:
-        missing = share.paths - {s.path for s in shards}
+        missing = {s.path for s in share.shards} - {s.path for s in shards}
         if missing:
             raise OutputError(f"{sorted(missing)[0]}: a shard this worker owns is no longer among the inputs")
-        return [s for s in shards if s.path in share.paths], share.task
+        return list(share.shards), share.task
     task = array_task()
     if task is None:
         return shards, None
@@ -142,7 +143,7 @@ def open_manifest(resolved: ResolvedRun, out: Path, shards: list[Shard], task: d
     path = out / manifest_name(task["index"] if task else None)
     old = None if cfg.fresh or not path.exists() else Manifest.load(path)
     if old is None or not old.committed_parts():
-        return Manifest(path, cfg.to_dict(), fields, {s.index: ShardProgress(s.path) for s in shards}, task)
+        return Manifest(path, cfg.to_dict(), fields, {s.index: ShardProgress.start(s) for s in shards}, task)
     if old.fingerprint != fingerprint(fields):
         diffs = describe_difference(old.fingerprint_fields, fields)
         what = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
@@ -157,7 +158,7 @@ def open_manifest(resolved: ResolvedRun, out: Path, shards: list[Shard], task: d
                 f"{out} holds a run with another configuration ({what}); "
                 "rerun with --fresh to start over (deletes its outputs) or --force to append anyway"
             )
-        if not all(old.shards[i].done for i in old.shards if old.shards[i].path in {s.path for s in shards}):
+        if not all(old.shards[i].done for i in old.shards if old.shards[i].key in {s.key for s in shards}):
             log.warning("--force: appending to outputs made with another configuration (%s)", what)
         elif not cfg.retry_failed:
             log.warning("--force: every shard in %s is already done, so no row is made with this configuration (%s); "
@@ -169,11 +170,12 @@ def open_manifest(resolved: ResolvedRun, out: Path, shards: list[Shard], task: d
 
 
 def merge_progress(old: dict[int, ShardProgress], shards: list[Shard]) -> dict[int, ShardProgress]:
-    """This run's shards, each with its committed progress (matched by path); others keep theirs, re-keyed."""
-    by_path = {p.path: p for p in old.values()}
-    merged = {s.index: by_path.pop(s.path, None) or ShardProgress(s.path) for s in shards}
+    """This run's shards, each with its committed progress (matched by path and row range); others keep theirs,
+    re-keyed."""
+    by_key = {p.key: p for p in old.values()}
+    merged = {s.index: by_key.pop(s.key, None) or ShardProgress.start(s) for s in shards}
     key = max([*merged, *old, -1]) + 1
-    for prog in by_path.values():  # shards not in this run's inputs: their parts stay committed
+    for prog in by_key.values():  # shards not in this run's inputs: their parts stay committed
         merged[key], key = prog, key + 1
     return merged
 
@@ -339,7 +341,7 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
                     committer.commit()
         committer.commit(shard.index, done=True)
         if prog.rows == 0 and shard.index not in warned:
-            log.warning("%s: no records", shard.path)
+            log.warning("%s: no records", shard.key)
     for warning in note_warnings(notes, progress.rows - progress.failed, cfg.select):
         log.warning("%s", warning)
     committer.save(finished=True)

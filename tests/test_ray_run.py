@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from typer.testing import CliRunner
 
 from spcli.cli import app
 from spcli.errors import OutputError
+from spcli.io.manifest import progress_key
+from spcli.ray.pieces import uncovered
 from spcli.slurm.status import collect
 from test_run import read_outputs
 from tiny_models import ALWAYS_PRUNE
@@ -57,9 +60,9 @@ def assert_exactly_once(rows: list[dict], expected: int) -> None:
     assert len(counts) == expected
 
 
-def driver(inputs: list[str], out: Path, model: Path, address: str) -> subprocess.Popen:
+def driver(inputs: list[str], out: Path, model: Path, address: str, *more: str) -> subprocess.Popen:
     argv = [sys.executable, "-m", "spcli", "run", *inputs, "--out", str(out), "--model", str(model), *ARGS,
-            "--ray", address, "--ray-workers", "2"]
+            "--ray", address, "--ray-workers", "2", *more]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -107,25 +110,28 @@ def test_ray_run_same_rows_as_plain_run(tmp_path, tiny_dir, ray_cluster):
     plain, on_ray = tmp_path / "plain", tmp_path / "ray"
     res = CliRunner().invoke(app, ["run", *inputs, "--out", str(plain), "--model", str(tiny_dir), *ARGS])
     assert res.exit_code == 0, res.output
-    cmd = ["run", *inputs, "--out", str(on_ray), "--model", str(tiny_dir), *ARGS, "--ray", "--ray-workers", "2"]
-    res = CliRunner().invoke(app, cmd)
+    cmd = ["run", *inputs, "--out", str(on_ray), "--model", str(tiny_dir), *ARGS, "--ray"]
+    res = CliRunner().invoke(app, [*cmd, "--ray-workers", "2", "--split-rows", "3"])  # each file in 2 row ranges
     assert res.exit_code == 0, res.output
-    assert "done: 13 rows (1 failed" in res.output
+    assert "done: 13 rows (1 failed" in res.output and "in 6 units (6 row ranges)" in res.output
     rows = read_outputs(on_ray)
     assert_exactly_once(rows, 13)
     assert comparable(rows) == comparable(read_outputs(plain))
     [bad] = [r for r in rows if r["error"] is not None]
     assert bad["error"].startswith(f"{inputs[1]}:line 5: malformed JSON")
     assert sorted(p.name for p in on_ray.glob("manifest*.json")) == ["manifest-task-00000.json", "manifest-task-00001.json"]
+    ranges = sorted((p["path"], *p["row_range"], p["rows"]) for _, p in committed(on_ray))
+    assert ranges == [(inputs[0], 0, 3, 3), (inputs[0], 3, 4, 1), (inputs[1], 0, 3, 3), (inputs[1], 3, 5, 2),
+                      (inputs[2], 0, 3, 3), (inputs[2], 3, 4, 1)]
     status = CliRunner().invoke(app, ["status", str(on_ray)])
-    assert status.exit_code == 0, status.output
-    again = CliRunner().invoke(app, cmd)
+    assert status.exit_code == 0 and "6/6" in status.output, status.output
+    again = CliRunner().invoke(app, [*cmd, "--split-rows", "2"])  # the ranges listed stand, whatever --split-rows says
     assert again.exit_code == 0 and again.output.startswith("nothing to do: 13 rows already done"), again.output
     refused = CliRunner().invoke(app, ["run", *inputs, "--out", str(on_ray), "--model", str(tiny_dir), *ARGS])
     assert isinstance(refused.exception, OutputError) and "made by spcli run --ray" in str(refused.exception)
     # --fresh: the slots' manifests and parts go, the job runs again (here with another max_tokens), each id once
     (on_ray / ".part-00000-00009.parquet.77-zz.tmp").write_bytes(b"left by a killed writer")
-    fresh = CliRunner().invoke(app, [*cmd[:-2], "--ray-workers", "1", "--max-tokens", "2", "--fresh"])
+    fresh = CliRunner().invoke(app, [*cmd, "--ray-workers", "1", "--max-tokens", "2", "--fresh"])  # whole files
     assert fresh.exit_code == 0, fresh.output
     assert "--fresh: removed 2 manifest(s) and" in fresh.output and "done: 13 rows (1 failed" in fresh.output
     again = read_outputs(on_ray)
@@ -133,27 +139,31 @@ def test_ray_run_same_rows_as_plain_run(tmp_path, tiny_dir, ray_cluster):
     assert not list(on_ray.glob(".part-*.tmp"))
     assert all(r["num_output_tokens"] <= 2 for r in again if r["error"] is None)
     assert [p.name for p in on_ray.glob("manifest*.json")] == ["manifest-task-00000.json"]
+    assert not any("row_range" in p for _, p in committed(on_ray))
 
 
 def test_ray_actor_killed_then_driver_killed_every_id_once(tmp_path, tiny_dir, ray_cluster):
-    """One job, two deaths: an actor SIGKILLed mid-shard (its slot is taken over by a new actor from its last
-    commit), then the driver SIGKILLed (its actors end with it); the same command, run again, finishes the job
-    with every id exactly once. (One job for both: each start of a driver and its actors costs ~10 s of imports.)"""
+    """One job, two deaths: an actor SIGKILLed mid-range (its slot is taken over by a new actor from its last
+    commit), then the driver SIGKILLed (its actors end with it); the same command, run again (with another
+    --split-rows: only the rows no manifest lists are cut by it), finishes the job with every id exactly once. The
+    files are cut in row ranges of 5 (12 rows each: 3 ranges). (One job for both: each start of a driver and its
+    actors costs ~10 s of imports.)"""
     inputs = make_shards(tmp_path, 5, 12)
     out = tmp_path / "out"
-    proc = driver(inputs, out, tiny_dir, ray_cluster)
+    proc = driver(inputs, out, tiny_dir, ray_cluster, "--split-rows", "5")
     try:
-        def victim():  # an actor with a committed part of a shard it has not finished
+        def victim():  # an actor with a committed part of a range it has not finished
             for slot, prog in committed(out):
                 if prog["parts"] and not prog["done"]:
                     pid = lock_pid(out, slot)
-                    return pid and (slot, pid, prog["path"], prog["rows"])
+                    return pid and (slot, pid, progress_key(prog), prog["rows"])
 
-        slot, pid, path, rows_then = poll("actor mid-shard", victim, proc)
+        slot, pid, key, rows_then = poll("actor mid-range", victim, proc)
+        assert re.search(r"\[\d+:\d+\]$", key), key
         os.kill(pid, signal.SIGKILL)
 
-        def taken_over():  # a new actor holds the slot and has committed more of that shard
-            rows = [p["rows"] for s, p in committed(out) if s == slot and p["path"] == path]
+        def taken_over():  # a new actor holds the slot and has committed more of that range
+            rows = [p["rows"] for s, p in committed(out) if s == slot and progress_key(p) == key]
             new = lock_pid(out, slot)
             return new not in (None, pid) and rows and rows[0] > rows_then and new
 
@@ -174,7 +184,7 @@ def test_ray_actor_killed_then_driver_killed_every_id_once(tmp_path, tiny_dir, r
     assert ("unknown", "INTERRUPTED") in slots and slots <= {("unknown", "INTERRUPTED"), ("done", "DONE")}, \
         f"the killed actors' lock files are left behind, but nobody holds them: {slots}"
     res = CliRunner().invoke(app, ["run", *inputs, "--out", str(out), "--model", str(tiny_dir), *ARGS,
-                                   "--ray", "--ray-workers", "2"])
+                                   "--ray", "--ray-workers", "2", "--split-rows", "4"])
     assert res.exit_code == 0, res.output
     done = [line for line in res.output.splitlines() if line.startswith("done:")]
     assert done and done[0].startswith("done: 61 rows in total (1 failed"), res.output
@@ -183,3 +193,10 @@ def test_ray_actor_killed_then_driver_killed_every_id_once(tmp_path, tiny_dir, r
     assert_exactly_once(rows, 5 * 12 + 1)
     assert [r["id"] for r in rows if r["error"] is not None] == ["in1:12"]
     assert all(p["done"] for _, p in committed(out))
+    by_file = {}
+    for _, p in committed(out):
+        by_file.setdefault(p["path"], []).append(tuple(p["row_range"]))
+    assert sorted(by_file) == sorted(inputs)
+    for path, ranges in by_file.items():  # the first run's ranges and the resume's cuts tile each file exactly
+        lines = 13 if path == inputs[1] else 12
+        assert uncovered(ranges, lines) == [] and sum(b - a for a, b in ranges) == lines, ranges

@@ -7,39 +7,45 @@ import json
 import pytest
 
 from spcli.errors import OutputError
+from spcli.io.records import Shard
 from spcli.ray.slots import Slots, WorkQueue, read_slots
 
 PATHS = [f"/in/s{i}.jsonl" for i in range(6)]
+SHARDS = [Shard(i, p) for i, p in enumerate(PATHS)]
+
+
+def keys(shards) -> tuple[str, ...]:
+    return tuple(s.key for s in shards)
 
 
 def test_fresh_shards_go_out_in_order_each_into_its_actors_slot():
-    q = WorkQueue(PATHS, Slots(), num_workers=2)
+    q = WorkQueue(SHARDS, Slots(), num_workers=2)
     a, b = q.take(0), q.take(1)
-    assert (a.slot, a.paths, b.slot, b.paths) == (0, (PATHS[0],), 1, (PATHS[1],))
+    assert (a.slot, keys(a.shards), b.slot, keys(b.shards)) == (0, (PATHS[0],), 1, (PATHS[1],))
     q.finish(a)
     c = q.take(0)
-    assert (c.slot, c.paths, c.owned) == (0, (PATHS[2],), (PATHS[0], PATHS[2]))  # the manifest lists both
+    assert (c.slot, keys(c.shards), keys(c.owned)) == (0, (PATHS[2],), (PATHS[0], PATHS[2]))  # the manifest lists both
 
 
 def test_a_dead_actors_work_goes_back_to_its_slot_first():
-    q = WorkQueue(PATHS, Slots(), num_workers=2)
+    q = WorkQueue(SHARDS, Slots(), num_workers=2)
     a, b = q.take(0), q.take(1)
     q.give_back(b)  # actor 1 died mid-shard
     q.finish(a)
-    assert q.take(0).paths == (PATHS[2],)  # actor 0 never takes slot 1's shard: its rows are in slot 1's manifest
+    assert keys(q.take(0).shards) == (PATHS[2],)  # actor 0 never takes slot 1's shard: its rows are in slot 1's manifest
     again = q.take(1)  # the new actor 1
-    assert (again.slot, again.paths) == (1, (PATHS[1],))
+    assert (again.slot, keys(again.shards)) == (1, (PATHS[1],))
 
 
 def test_resume_finishes_each_slots_shards_and_orphan_slots_go_to_any_free_actor():
     slots = Slots(owner={PATHS[0]: 0, PATHS[1]: 1, PATHS[2]: 2, PATHS[3]: 2}, done={PATHS[0], PATHS[2]})
-    q = WorkQueue(PATHS, slots, num_workers=2)  # the earlier run had 3 actors
+    q = WorkQueue(SHARDS, slots, num_workers=2)  # the earlier run had 3 actors
     first = q.take(0)
-    assert (first.slot, first.paths, first.owned) == (2, (PATHS[3],), (PATHS[2], PATHS[3]))  # orphan slot 2
+    assert (first.slot, keys(first.shards), keys(first.owned)) == (2, (PATHS[3],), (PATHS[2], PATHS[3]))  # orphan slot 2
     second = q.take(1)
-    assert (second.slot, second.paths) == (1, (PATHS[1],))
+    assert (second.slot, keys(second.shards)) == (1, (PATHS[1],))
     q.finish(first)
-    assert q.take(0).paths == (PATHS[4],)
+    assert keys(q.take(0).shards) == (PATHS[4],)
     assert q.num_slots == 3
 
 

@@ -182,7 +182,7 @@ def _pending(run: RunOutputs) -> int | None:
             continue
         total = s.get("total_rows")
         if total is None:
-            total = count_rows(Shard(0, s["path"]))
+            total = count_rows(Shard(0, s["path"], rows=None if s.get("row_range") is None else tuple(s["row_range"])))
         if total is None:
             return None
         pending += max(0, total - s.get("rows", 0))

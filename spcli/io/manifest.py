@@ -23,7 +23,7 @@ import orjson
 from spcli import __version__
 from spcli.errors import OutputError
 from spcli.io.commit import atomic_write_bytes
-from spcli.io.records import Shard
+from spcli.io.records import Shard, piece_key
 
 MANIFEST_VERSION = 1
 
@@ -41,11 +41,30 @@ class ShardProgress:
     prefill_s: float = 0.0  # base prefill seconds, summed over the committed batches (each once)
     total_rows: int | None = None  # records in the shard, when known (Parquet metadata, JSONL count, or done)
     done: bool = False
+    row_range: list[int] | None = None  # [start, stop): a range of the file's rows (spcli run --ray); absent: all
+
+    @classmethod
+    def start(cls, shard: Shard) -> ShardProgress:
+        """A shard (or row range) no row of which is committed yet."""
+        rows = None if shard.rows is None else list(shard.rows)
+        return cls(shard.path, next_row=shard.first_row, row_range=rows)
 
     @classmethod
     def from_doc(cls, doc: dict) -> ShardProgress:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in doc.items() if k in known})
+
+    @property
+    def key(self) -> str:
+        return piece_key(self.path, self.row_range)
+
+    def to_doc(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k != "row_range" or v is not None}
+
+
+def progress_key(doc: dict) -> str:
+    """A manifest entry's shard (or row range) as `Shard.key` names it."""
+    return piece_key(doc["path"], doc.get("row_range"))
 
 
 def input_identity(shards: list[Shard]) -> list[dict]:
@@ -151,7 +170,7 @@ class Manifest:
             "fingerprint_fields": self.fingerprint_fields, "config": self.config, "task": self.task,
             "started": self.started, "updated": time.time(), "wall_s": self.wall_s, "finished": self.finished,
             "summary": self.totals(), "configs": self.configs,
-            "shards": {str(i): vars(p) for i, p in sorted(self.shards.items())},
+            "shards": {str(i): p.to_doc() for i, p in sorted(self.shards.items())},
         }
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2)
 

@@ -13,6 +13,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterator
+from itertools import islice
 
 import orjson
 import pyarrow as pa
@@ -32,12 +33,21 @@ UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def read_records(shard: Shard, fields: FieldConfig, start_row: int = 0, max_record_bytes: int = 8 << 20) -> Iterator[Record]:
-    """Yield the shard's records from `start_row` on, in order; bad records carry `error`."""
+    """Yield the shard's records from `start_row` on (within its row range, where it has one), in order; bad
+    records carry `error`."""
     kind = shard_kind(shard.path)
+    start_row = max(start_row, shard.first_row)
     if kind == "parquet":
-        yield from _read_parquet(shard, fields, start_row, max_record_bytes)
+        records = _read_parquet(shard, fields, start_row, max_record_bytes)
     else:
-        yield from _read_jsonl(shard, fields, start_row, kind, max_record_bytes)
+        records = _read_jsonl(shard, fields, start_row, kind, max_record_bytes)
+    if shard.rows is None:
+        yield from records
+        return
+    for rec in records:
+        if rec.row >= shard.rows[1]:
+            return
+        yield rec
 
 
 def check_shard(shard: Shard, fields: FieldConfig) -> str | None:
@@ -290,15 +300,29 @@ def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, colum
 
 
 def count_rows(shard: Shard) -> int | None:
-    """Rows in a shard: Parquet metadata, or a line count of JSONL (gzip decompressed on the way)."""
+    """Records in a shard (in its row range, where it has one): Parquet metadata, or a count of JSONL's non-blank
+    lines (gzip decompressed on the way)."""
+    return _count(shard, blank=False)
+
+
+def count_positions(shard: Shard) -> int | None:
+    """Row numbers a whole file spans (what a row range cuts): its Parquet rows, or its JSONL lines, blank ones
+    included (a JSONL record's row is its line index)."""
+    return _count(shard, blank=True)
+
+
+def _count(shard: Shard, blank: bool) -> int | None:
     kind = shard_kind(shard.path)
+    start, stop = shard.rows or (0, None)
     try:
         if _is_empty(shard.path):
             return 0
         if kind == "parquet":
-            return pq.ParquetFile(shard.path).metadata.num_rows
+            n = pq.ParquetFile(shard.path).metadata.num_rows
+            return n if shard.rows is None else max(0, min(n, stop) - start)
         with (gzip.open if kind == "jsonl.gz" else open)(shard.path, "rb") as f:
-            return sum(1 for line in f if line.strip())
+            lines = islice(f, start, stop) if shard.rows else f
+            return sum(1 for line in lines if blank or line.strip())
     except (OSError, EOFError, zlib.error, pa.ArrowException):
         return None
 

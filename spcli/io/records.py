@@ -37,10 +37,25 @@ class Shard:
     index: int  # position in the run's shard list: names part files, stable across Slurm tasks
     path: str
     name: str = ""  # prefix of generated ids "<name>:<row>": the file stem, or a relative path where stems collide
+    rows: tuple[int, int] | None = None  # a range [start, stop) of the file's rows (spcli run --ray); None: all
 
     @property
     def id_prefix(self) -> str:
         return self.name or Path(self.path).name.split(".")[0]
+
+    @property
+    def key(self) -> str:
+        """What names this unit of work in logs and bookkeeping: the path, with its row range where it has one."""
+        return piece_key(self.path, self.rows)
+
+    @property
+    def first_row(self) -> int:
+        return 0 if self.rows is None else self.rows[0]
+
+
+def piece_key(path: str, rows) -> str:
+    """`path`, or `path[start:stop]` for a range of its rows (row numbers as `spcli inspect` and errors give them)."""
+    return path if rows is None else f"{path}[{rows[0]}:{rows[1]}]"
 
 
 @dataclass

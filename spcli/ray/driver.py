@@ -16,14 +16,15 @@ import time
 import uuid
 from pathlib import Path
 
-from spcli.config import RunConfig
+from spcli.config import SPLIT_ROWS, RunConfig
 from spcli.errors import EngineDied, Interrupted, OutputError, SpcliError
 from spcli.io.lock import WriterLock
 from spcli.io.manifest import read_manifests
 from spcli.io.read import check_shard, count_rows
-from spcli.io.records import discover
+from spcli.io.records import Shard, discover
 from spcli.progress import Progress
 from spcli.ray.cluster import actor_shape, connect, require_ray
+from spcli.ray.pieces import split
 from spcli.ray.slots import Slots, Work, WorkQueue, read_slots
 from spcli.ray.worker import Worker
 from spcli.stop import StopRequest
@@ -46,12 +47,13 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
         if warning is not None:
             log.warning("%s", warning)
     slots = read_slots(out)
-    paths = [s.path for s in shards]
-    if slots.owner and not set(slots.owner) <= set(paths) and not cfg.fresh:
-        gone = sorted(set(slots.owner) - set(paths))
+    gone = sorted(set(slots.path.values()) - {s.path for s in shards})
+    if gone and not cfg.fresh:
         raise OutputError(f"{out}: shard {gone[0]} was run here and is no longer among the inputs; give the same inputs")
     progress = progress or Progress(total=None)
-    if all(p in slots.done for p in paths) and not cfg.fresh:
+    split_rows = SPLIT_ROWS if cfg.split_rows is None else cfg.split_rows
+    units = split(shards, slots, split_rows)
+    if all(u.key in slots.done for u in units) and not cfg.fresh:
         return _summary(RunSummary, out, len(shards), progress, 0.0, nothing_to_do=True)
     ray = require_ray()
     started = connect(cfg.ray)
@@ -65,8 +67,9 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
             try:
                 if cfg.fresh:  # under the driver's lock; the actors then run as on a new directory
                     slots = start_over(out)
+                    units = split(shards, slots, split_rows)
                     cfg = dataclasses.replace(cfg, fresh=False)
-                _drive(ray, cfg, shards, slots, progress, stop)
+                _drive(ray, cfg, shards, units, slots, progress, stop)
             finally:
                 lock.release()
     except BaseException:
@@ -101,19 +104,21 @@ def start_over(out: Path) -> Slots:
     return Slots()
 
 
-def _drive(ray, cfg: RunConfig, shards, slots, progress: Progress, stop: StopRequest) -> None:
+def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: Slots, progress: Progress,
+           stop: StopRequest) -> None:
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.queue import Empty, Queue
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     shape = actor_shape(cfg, ray.cluster_resources())
-    work = WorkQueue([s.path for s in shards], slots, shape.num_workers)
-    left = [s for s in shards if s.path not in slots.done]
-    totals = [slots.total_rows.get(s.path) if s.path in slots.owner else None for s in left]
-    total = sum((t if t is not None else count_rows(s)) - slots.rows.get(s.path, 0) for s, t in zip(left, totals))
+    work = WorkQueue(units, slots, shape.num_workers)
+    left = [u for u in units if u.key not in slots.done]
+    total = rows_left(shards, units, slots)
     done_before = sum(slots.rows.values())
-    log.info("ray: %d actor(s), each %s, for %d shard(s) (%d rows to do) into %s", shape.num_workers,
-             ", ".join(f"{v:g} {k}" for k, v in shape.bundle.items()), len(left), total, cfg.out)
+    ranges = sum(u.rows is not None for u in left)
+    log.info("ray: %d actor(s), each %s, for %d shard(s)%s (%d rows to do) into %s", shape.num_workers,
+             ", ".join(f"{v:g} {k}" for k, v in shape.bundle.items()), len({u.path for u in left}),
+             f" in {len(left)} units ({ranges} row ranges)" if ranges else "", total, cfg.out)
     if done_before:
         log.info("resuming: %d rows already committed", done_before)
     progress.start(total=total, done=done_before)
@@ -183,14 +188,27 @@ def _drive(ray, cfg: RunConfig, shards, slots, progress: Progress, stop: StopReq
         ray.kill(queue.actor, no_restart=True)
 
 
+def rows_left(shards: list[Shard], units: list[Shard], slots: Slots) -> int:
+    """Rows no manifest has committed yet: per file, its records (as its units' manifests count them, else as
+    read from the file once) less the rows its units committed."""
+    left = 0
+    for shard in shards:
+        mine = [u for u in units if u.path == shard.path]
+        if all(u.key in slots.done for u in mine):
+            continue
+        totals = [slots.total_rows.get(u.key) for u in mine]
+        left += (sum(totals) if None not in totals else count_rows(shard)) - sum(slots.rows.get(u.key, 0) for u in mine)
+    return left
+
+
 def _replace(w: int, item: Work, error, work: WorkQueue, deaths: dict[int, int]) -> None:
     deaths[item.slot] = deaths.get(item.slot, 0) + 1
     if deaths[item.slot] > MAX_DEATHS:
-        raise EngineDied(f"ray: {MAX_DEATHS + 1} actors in a row died on slot {item.slot} ({', '.join(item.paths)}); "
+        raise EngineDied(f"ray: {MAX_DEATHS + 1} actors in a row died on slot {item.slot} ({item.keys}); "
                          f"the last: {str(error).splitlines()[0]}; committed rows are kept: run the same command again "
                          "to resume")
     log.warning("ray: actor %d died (%s); a new actor takes over slot %d from its last commit (%s)", w,
-                str(error).splitlines()[0], item.slot, ", ".join(item.paths))
+                str(error).splitlines()[0], item.slot, item.keys)
     work.give_back(item)
 
 

@@ -18,32 +18,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spcli.errors import OutputError
-from spcli.io.manifest import read_manifests
+from spcli.io.manifest import progress_key, read_manifests
+from spcli.io.records import Shard
 
 RAY_TASK = "ray"  # the key a Ray slot's task record carries (manifest "task": {"index": k, "ray": true, ...})
 
 
 @dataclass(frozen=True)
 class Work:
-    """One actor call: run `paths` (not done yet) in `slot`'s manifest, which also lists `owned`."""
+    """One actor call: run `shards` (not done yet) in `slot`'s manifest, which also lists `owned`."""
 
     slot: int
-    paths: tuple[str, ...]
-    owned: tuple[str, ...]  # every shard the slot's manifest lists (done or not), `paths` included
+    shards: tuple[Shard, ...]
+    owned: tuple[Shard, ...]  # every shard (or row range) the slot's manifest lists (done or not), `shards` included
+
+    @property
+    def keys(self) -> str:
+        return ", ".join(s.key for s in self.shards)
 
 
 @dataclass
 class Slots:
-    """What the directory's manifests say: each started shard's slot, and which shards are done."""
+    """What the directory's manifests say, by `Shard.key` (a file, or a row range of one): each started one's slot
+    and manifest index, its row range, and which are done."""
 
-    owner: dict[str, int] = field(default_factory=dict)  # shard path -> the slot whose manifest lists it
+    owner: dict[str, int] = field(default_factory=dict)  # key -> the slot whose manifest lists it
+    index: dict[str, int] = field(default_factory=dict)  # key -> its index in that manifest (names its parts)
+    path: dict[str, str] = field(default_factory=dict)  # key -> its file
+    row_range: dict[str, tuple[int, int] | None] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
-    rows: dict[str, int] = field(default_factory=dict)  # committed rows per shard
+    rows: dict[str, int] = field(default_factory=dict)  # committed rows
     total_rows: dict[str, int | None] = field(default_factory=dict)  # when the manifest knows it
 
     @property
     def num_slots(self) -> int:
         return max(self.owner.values(), default=-1) + 1
+
+    def listed(self, path: str) -> list[str]:
+        """The keys of `path` that manifests list (the whole file, or ranges of its rows)."""
+        return [k for k, p in self.path.items() if p == path]
 
 
 def read_slots(out: Path) -> Slots:
@@ -57,34 +70,35 @@ def read_slots(out: Path) -> Slots:
         if not task.get(RAY_TASK):
             made_by = "a Slurm array (spcli slurm submit)" if task else "spcli run without --ray (manifest.json)"
             raise OutputError(f"{out} holds a run made by {made_by}; go on with that, or give --ray a new --out")
-        for prog in doc["shards"].values():
-            path = prog["path"]
-            if path in slots.owner and slots.owner[path] != task["index"]:
-                raise OutputError(f"{out}: shard {path} is listed by two manifests (slots {slots.owner[path]} and "
+        for index, prog in doc["shards"].items():
+            key = progress_key(prog)
+            if key in slots.owner and slots.owner[key] != task["index"]:
+                raise OutputError(f"{out}: shard {key} is listed by two manifests (slots {slots.owner[key]} and "
                                   f"{task['index']}); the directory was changed by hand: use a new --out")
-            slots.owner[path] = task["index"]
-            slots.rows[path] = prog["rows"]
-            slots.total_rows[path] = prog.get("total_rows")
+            slots.owner[key], slots.index[key], slots.path[key] = task["index"], int(index), prog["path"]
+            slots.row_range[key] = None if prog.get("row_range") is None else tuple(prog["row_range"])
+            slots.rows[key] = prog["rows"]
+            slots.total_rows[key] = prog.get("total_rows")
             if prog["done"]:
-                slots.done.add(path)
+                slots.done.add(key)
     return slots
 
 
 class WorkQueue:
     """The work left, in input order, handed to actors as they free up (`take`); work an actor did not finish
-    goes back (`give_back`) to the front of its slot."""
+    goes back (`give_back`) to the front of its slot. The units are shards or row ranges of them (pieces.py)."""
 
-    def __init__(self, paths: list[str], slots: Slots, num_workers: int):
+    def __init__(self, shards: list[Shard], slots: Slots, num_workers: int):
         self.num_workers = num_workers
-        self.owned: dict[int, list[str]] = {}
-        self.left: dict[int, list[str]] = {}  # slot -> its shards not done yet, in input order
-        for path in paths:
-            slot = slots.owner.get(path)
+        self.owned: dict[int, list[Shard]] = {}
+        self.left: dict[int, list[Shard]] = {}  # slot -> its shards not done yet, in input order
+        for shard in shards:
+            slot = slots.owner.get(shard.key)
             if slot is not None:
-                self.owned.setdefault(slot, []).append(path)
-                if path not in slots.done:
-                    self.left.setdefault(slot, []).append(path)
-        self.fresh = deque(p for p in paths if p not in slots.owner)
+                self.owned.setdefault(slot, []).append(shard)
+                if shard.key not in slots.done:
+                    self.left.setdefault(slot, []).append(shard)
+        self.fresh = deque(s for s in shards if s.key not in slots.owner)
         self.busy: set[int] = set()
 
     @property
@@ -100,15 +114,15 @@ class WorkQueue:
             if slot >= self.num_workers and slot not in self.busy and self.left[slot]:
                 return self._start(slot, self.left.pop(slot))
         if self.fresh:
-            path = self.fresh.popleft()
-            self.owned.setdefault(worker, []).append(path)
-            return self._start(worker, [path])
+            shard = self.fresh.popleft()
+            self.owned.setdefault(worker, []).append(shard)
+            return self._start(worker, [shard])
         return None
 
-    def _start(self, slot: int, paths: list[str]) -> Work:
+    def _start(self, slot: int, shards: list[Shard]) -> Work:
         assert slot not in self.busy, "one actor per slot at a time"
         self.busy.add(slot)
-        return Work(slot, tuple(paths), tuple(self.owned[slot]))
+        return Work(slot, tuple(shards), tuple(self.owned[slot]))
 
     def finish(self, work: Work) -> None:
         self.busy.discard(work.slot)
@@ -116,7 +130,7 @@ class WorkQueue:
     def give_back(self, work: Work) -> None:
         """Work whose actor died: its slot finishes it first (the committed part of it stays where it is)."""
         self.busy.discard(work.slot)
-        self.left[work.slot] = list(work.paths) + self.left.get(work.slot, [])
+        self.left[work.slot] = list(work.shards) + self.left.get(work.slot, [])
 
     @property
     def is_empty(self) -> bool:

@@ -12,6 +12,7 @@ import dataclasses
 import os
 
 from spcli.config import RunConfig
+from spcli.io.records import Shard
 from spcli.progress import Progress
 
 VLLM_EXECUTOR_ENV = "SPCLI_VLLM_EXECUTOR"  # read by engine.vllm_args: vLLM's own processes for TP, not Ray's
@@ -56,11 +57,11 @@ class Worker:
             getattr(engine, "close", lambda: None)()
         self.engines.clear()
 
-    def run(self, slot: int, owned: tuple[str, ...], num_slots: int) -> dict:
-        """Run the shards of `slot` not done yet (`owned`: every shard its manifest lists, or will list)."""
+    def run(self, slot: int, owned: tuple[Shard, ...], num_slots: int) -> dict:
+        """Run the shards (or row ranges) of `slot` not done yet (`owned`: every one its manifest lists, or will)."""
         from spcli.run import WorkerShare, run
 
         task = {"index": slot, "count": num_slots, "job_id": self.run_id, "restart_count": 0, "ray": True}
-        share = WorkerShare(task, frozenset(owned), self.engines)
+        share = WorkerShare(task, tuple(owned), self.engines)
         summary = run(self.cfg, RelayedProgress(self.queue, slot), share)
         return {"rows": summary.rows_this_run, "wall_s": summary.wall_this_run_s}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from spcli.errors import OutputError
 from spcli.io.lock import is_held
-from spcli.io.manifest import config_history, history_lines, read_manifests
+from spcli.io.manifest import config_history, history_lines, progress_key, read_manifests
 from spcli.slurm import query
 from spcli.slurm.attempts import Attempt, read_attempts
 from spcli.slurm.submit import read_submissions
@@ -120,13 +120,14 @@ def _own_shards(doc: dict) -> list[str]:
     """The shards a manifest's run was given (its fingerprint's inputs; else every shard it lists). A Ray actor
     slot's are those it lists: its fingerprint names every input of the job (spcli/ray/slots.py)."""
     if (doc.get("task") or {}).get("ray"):
-        return [p["path"] for p in doc["shards"].values()]
+        return [progress_key(p) for p in doc["shards"].values()]
     inputs = (doc.get("fingerprint_fields") or {}).get("inputs")
     return [s["path"] for s in inputs] if inputs is not None else [p["path"] for p in doc["shards"].values()]
 
 
 def _ray_not_started(docs: list[dict]) -> list[TaskStatus]:
-    """`spcli run --ray`: the job's shards that no actor slot has started yet, as one waiting row (task `-`)."""
+    """`spcli run --ray`: the job's shards that no actor slot has started yet, as one waiting row (task `-`); a file
+    whose row ranges some slot has started counts as started."""
     ray_docs = [d for d in docs if (d.get("task") or {}).get("ray")]
     if not ray_docs:
         return []
@@ -147,13 +148,13 @@ def _latest_job(docs: list[dict]) -> str | None:
 
 
 def _best_progress(docs: list[dict]) -> dict[str, dict]:
-    """Each shard path's most advanced progress over all manifests."""
+    """Each shard's (or row range's: `progress_key`) most advanced progress over all manifests."""
     best: dict[str, dict] = {}
     for doc in docs:
         for p in doc["shards"].values():
-            old = best.get(p["path"])
+            old = best.get(progress_key(p))
             if old is None or (p["done"], p["next_row"]) > (old["done"], old["next_row"]):
-                best[p["path"]] = p
+                best[progress_key(p)] = p
     return best
 
 

@@ -1,0 +1,128 @@
+"""Row ranges of large shards (spcli/ray/pieces.py, `--split-rows`): how files are cut, how a directory's ranges
+stand on resume, and reading a range of real JSONL and Parquet files (no Ray needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from spcli.config import FieldConfig
+from spcli.io.manifest import Manifest, ShardProgress
+from spcli.io.read import count_positions, count_rows, read_records
+from spcli.io.records import Shard
+from spcli.ray.pieces import cut, split, uncovered
+from spcli.ray.slots import Slots, read_slots
+from spcli.run import merge_progress
+
+FILES = [Shard(0, "/in/a.parquet", "a"), Shard(1, "/in/b.parquet", "b"), Shard(2, "/in/c.parquet", "c")]
+SPANS = {"/in/a.parquet": 25, "/in/b.parquet": 4, "/in/c.parquet": 10}
+
+
+def units(slots: Slots, split_rows: int) -> list[tuple[int, str, tuple | None]]:
+    return [(u.index, u.path, u.rows) for u in split(FILES, slots, split_rows, lambda s: SPANS[s.path])]
+
+
+def listed(*entries) -> Slots:
+    """Slots whose manifests list (slot, index, path, row range, done)."""
+    slots = Slots()
+    for slot, index, path, rows, done in entries:
+        key = Shard(index, path, rows=rows).key
+        slots.owner[key], slots.index[key], slots.path[key], slots.row_range[key] = slot, index, path, rows
+        slots.rows[key] = 0
+        if done:
+            slots.done.add(key)
+    return slots
+
+
+def test_large_files_are_cut_small_ones_stay_whole_and_indices_follow_the_files():
+    assert units(Slots(), 10) == [(3, "/in/a.parquet", (0, 10)), (4, "/in/a.parquet", (10, 20)),
+                                  (5, "/in/a.parquet", (20, 25)), (1, "/in/b.parquet", None), (2, "/in/c.parquet", None)]
+    assert units(Slots(), 0) == [(s.index, s.path, None) for s in FILES]
+    assert [u.key for u in split(FILES[:1], Slots(), 20, lambda s: 25)] == ["/in/a.parquet[0:20]", "/in/a.parquet[20:25]"]
+
+
+def test_a_resume_keeps_the_listed_ranges_and_cuts_only_the_rows_no_manifest_lists():
+    """The first run cut a by 10 and started [0:10] (index 3) and [20:25] (index 5); c ran whole. Resumed with
+    --split-rows 4: a's listed ranges keep their bounds and indices, the gap [10:20) is cut by 4 into new indices
+    above every one in use; c stays whole though it has more than 4 rows."""
+    slots = listed((0, 3, "/in/a.parquet", (0, 10), True), (1, 5, "/in/a.parquet", (20, 25), False),
+                   (1, 2, "/in/c.parquet", None, False))
+    assert units(slots, 4) == [(3, "/in/a.parquet", (0, 10)), (6, "/in/a.parquet", (10, 14)),
+                               (7, "/in/a.parquet", (14, 18)), (8, "/in/a.parquet", (18, 20)),
+                               (5, "/in/a.parquet", (20, 25)), (1, "/in/b.parquet", None), (2, "/in/c.parquet", None)]
+    assert units(slots, 0)[1] == (6, "/in/a.parquet", (10, 20))  # whole files from now on: the gap is one range
+    covered = sorted(r for _, p, r in units(slots, 4) if p == "/in/a.parquet")
+    assert uncovered(covered, 25) == []
+
+
+def test_gaps_and_cuts():
+    assert uncovered([(5, 8), (0, 2)], 12) == [(2, 5), (8, 12)]
+    assert uncovered([(0, 30)], 25) == []  # a file that shrank under --force: nothing left to cut
+    assert cut([(2, 5), (8, 12)], 3) == [(2, 5), (8, 11), (11, 12)]
+    assert cut([(2, 5)], 0) == [(2, 5)]
+
+
+def test_read_slots_reads_row_ranges_with_their_manifest_index(tmp_path):
+    doc = {"task": {"index": 1, "count": 2, "ray": True}, "shards": {
+        "7": {"path": "/in/a.parquet", "row_range": [10, 20], "done": False, "rows": 4, "next_row": 14, "total_rows": 10},
+        "1": {"path": "/in/b.parquet", "done": True, "rows": 4, "next_row": 4, "total_rows": 4}}}
+    (tmp_path / "manifest-task-00001.json").write_text(json.dumps(doc))
+    slots = read_slots(tmp_path)
+    assert slots.index == {"/in/a.parquet[10:20]": 7, "/in/b.parquet": 1}
+    assert slots.row_range["/in/a.parquet[10:20]"] == (10, 20) and slots.done == {"/in/b.parquet"}
+    assert slots.listed("/in/a.parquet") == ["/in/a.parquet[10:20]"]
+
+
+def test_a_range_starts_at_its_first_row_and_its_manifest_entry_says_its_bounds(tmp_path):
+    piece = Shard(4, "/in/a.parquet", "a", rows=(10, 20))
+    prog = ShardProgress.start(piece)
+    assert (prog.next_row, prog.row_range, prog.key) == (10, [10, 20], piece.key)
+    assert "row_range" not in ShardProgress.start(FILES[1]).to_doc()  # a whole file's entry is as it always was
+    m = Manifest(tmp_path / "manifest-task-00000.json", {}, {}, {4: prog, 1: ShardProgress.start(FILES[1])})
+    m.save()
+    again = Manifest.load(m.path)
+    assert again.shards[4].row_range == [10, 20] and again.shards[1].row_range is None
+    other = Shard(5, "/in/a.parquet", "a", rows=(20, 25))  # same file, another range: its own progress
+    merged = merge_progress(again.shards, [piece, other])
+    assert merged[4] is again.shards[4] and merged[5].next_row == 20 and merged[6].path == "/in/b.parquet"
+
+
+def test_reading_a_range_of_jsonl_keeps_line_numbers_and_ids(tmp_path):
+    path = tmp_path / "d.jsonl"
+    lines = [json.dumps({"prompt": f"p{i}"}) for i in range(10)]
+    lines[4] = ""  # a blank line: no record, but it has a row number (line index)
+    lines[6] = '{"prompt": '  # malformed: an error row at its own line
+    path.write_text("\n".join(lines) + "\n")
+    whole = Shard(0, str(path), "d")
+    piece = Shard(3, str(path), "d", rows=(3, 8))
+    recs = list(read_records(piece, FieldConfig()))
+    assert [r.row for r in recs] == [3, 5, 6, 7] and [r.id for r in recs] == ["d:3", "d:5", "d:6", "d:7"]
+    assert recs[2].error.startswith(f"{path}:line 7: malformed JSON")
+    assert [r.row for r in read_records(piece, FieldConfig(), start_row=6)] == [6, 7]  # resumed inside the range
+    assert (count_rows(piece), count_rows(whole), count_positions(whole)) == (4, 9, 10)
+
+
+@pytest.mark.parametrize("row_group_size", [3, 100])
+def test_reading_a_range_of_parquet_across_row_groups(tmp_path, row_group_size):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(10)], "prompt": [f"p{i}" for i in range(10)]}), path,
+                   row_group_size=row_group_size)
+    piece = Shard(1, str(path), "d", rows=(4, 9))
+    assert [r.id for r in read_records(piece, FieldConfig(id="id"))] == ["r4", "r5", "r6", "r7", "r8"]
+    assert [r.row for r in read_records(piece, FieldConfig(id="id"), start_row=8)] == [8]
+    assert count_rows(piece) == 5 and count_rows(Shard(1, str(path), rows=(8, 20))) == 2
+    assert count_positions(Shard(0, str(path))) == 10
+
+
+def test_split_rows_needs_ray_and_a_count():
+    from spcli.config import RunConfig
+    from spcli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--split-rows needs --ray"):
+        RunConfig(inputs=("a.jsonl",), out="o", split_rows=5)
+    with pytest.raises(ConfigError, match="--split-rows must be >= 0"):
+        RunConfig(inputs=("a.jsonl",), out="o", ray="", split_rows=-1)
+    assert "split_rows" not in RunConfig(inputs=("a.jsonl",), out="o", ray="", split_rows=5).fingerprint_fields()
