@@ -310,9 +310,6 @@ class RunConfig:
         _check(self.ray_workers is None or self.ray is not None, "--ray-workers needs --ray")
         _check(self.split_rows is None or self.split_rows >= 0, f"--split-rows must be >= 0, got {self.split_rows}")
         _check(self.split_rows is None or self.ray is not None, "--split-rows needs --ray")
-        _check(self.ray is None or not self.retry_failed,
-               "--ray takes no --retry-failed yet: its error rows stay (spcli inspect DIR --failed lists them); run "
-               "those records again into a new --out")
 
     @property
     def hf_batch(self) -> int:

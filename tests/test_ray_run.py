@@ -129,11 +129,20 @@ def test_ray_run_same_rows_as_plain_run(tmp_path, tiny_dir, ray_cluster):
     assert again.exit_code == 0 and again.output.startswith("nothing to do: 13 rows already done"), again.output
     refused = CliRunner().invoke(app, ["run", *inputs, "--out", str(on_ray), "--model", str(tiny_dir), *ARGS])
     assert isinstance(refused.exception, OutputError) and "made by spcli run --ray" in str(refused.exception)
+    # --retry-failed: the malformed line mended in place, its slot (alone) redoes its error row where it was
+    Path(inputs[1]).write_text(Path(inputs[1]).read_text().replace('"prompt": \n', '"prompt": "mended"}\n'))
+    retry = CliRunner().invoke(app, [*cmd, "--ray-workers", "2", "--retry-failed", "--force"])
+    assert retry.exit_code == 0, retry.output
+    assert "this run: 0 new rows, 1 failed row redone (1 now without error)" in retry.output, retry.output
+    assert "ray: 1 actor(s) (of 2: the others would have nothing to do)" in retry.output  # one slot has error rows
+    rows = read_outputs(on_ray)
+    assert_exactly_once(rows, 13)
+    assert [r["id"] for r in rows if r["error"] is None and r["row"] == 4] == ["broken"]
     # --fresh: the slots' manifests and parts go, the job runs again (here with another max_tokens), each id once
     (on_ray / ".part-00000-00009.parquet.77-zz.tmp").write_bytes(b"left by a killed writer")
     fresh = CliRunner().invoke(app, [*cmd, "--ray-workers", "1", "--max-tokens", "2", "--fresh"])  # whole files
     assert fresh.exit_code == 0, fresh.output
-    assert "--fresh: removed 2 manifest(s) and" in fresh.output and "done: 13 rows (1 failed" in fresh.output
+    assert "--fresh: removed 2 manifest(s) and" in fresh.output and "done: 13 rows (" in fresh.output
     again = read_outputs(on_ray)
     assert_exactly_once(again, 13)
     assert not list(on_ray.glob(".part-*.tmp"))
@@ -146,11 +155,13 @@ def test_ray_actor_killed_then_driver_killed_every_id_once(tmp_path, tiny_dir, r
     """One job, two deaths: an actor SIGKILLed mid-range (its slot is taken over by a new actor from its last
     commit), then the driver SIGKILLed (its actors end with it); the same command, run again (with another
     --split-rows: only the rows no manifest lists are cut by it), finishes the job with every id exactly once. The
-    files are cut in row ranges of 5 (12 rows each: 3 ranges). (One job for both: each start of a driver and its
-    actors costs ~10 s of imports.)"""
-    inputs = make_shards(tmp_path, 5, 12)
+    files are cut in row ranges of 8 (30 rows each: 4 ranges); enough rows that the other actor cannot finish the
+    job while the killed one's replacement starts. (One job for both: each start of a driver and its actors costs
+    ~10 s of imports.)"""
+    n = 30
+    inputs = make_shards(tmp_path, 5, n)
     out = tmp_path / "out"
-    proc = driver(inputs, out, tiny_dir, ray_cluster, "--split-rows", "5")
+    proc = driver(inputs, out, tiny_dir, ray_cluster, "--split-rows", "8")
     try:
         def victim():  # an actor with a committed part of a range it has not finished
             for slot, prog in committed(out):
@@ -175,28 +186,28 @@ def test_ray_actor_killed_then_driver_killed_every_id_once(tmp_path, tiny_dir, r
         proc.kill()
     assert f"takes over slot {slot}" in output, output
     assert not is_alive(pid)
-    before = sum(p["rows"] for _, p in committed(out))
-    assert 0 < before < 61, "the driver was killed mid-job"
     poll("end of the killed driver's actors", lambda: not any(map(is_alive, pids)))  # Ray ends a dead driver's actors
+    before = sum(p["rows"] for _, p in committed(out))  # what they committed, up to their end
+    assert 0 < before < 5 * n + 1, "the driver was killed mid-job"
     status = collect(out)  # squeue/sacct are on this machine: a Ray run's id must not be asked of them
     assert (status.job_id, status.slurm) == (None, False)
     slots = {(t.phase, t.state) for t in status.tasks if t.index is not None}
     assert ("unknown", "INTERRUPTED") in slots and slots <= {("unknown", "INTERRUPTED"), ("done", "DONE")}, \
         f"the killed actors' lock files are left behind, but nobody holds them: {slots}"
     res = CliRunner().invoke(app, ["run", *inputs, "--out", str(out), "--model", str(tiny_dir), *ARGS,
-                                   "--ray", "--ray-workers", "2", "--split-rows", "4"])
+                                   "--ray", "--ray-workers", "2", "--split-rows", "5"])
     assert res.exit_code == 0, res.output
     done = [line for line in res.output.splitlines() if line.startswith("done:")]
-    assert done and done[0].startswith("done: 61 rows in total (1 failed"), res.output
-    assert f"this run: {61 - before} new rows" in done[0]
+    assert done and done[0].startswith(f"done: {5 * n + 1} rows in total (1 failed"), res.output
+    assert f"this run: {5 * n + 1 - before} new rows" in done[0]
     rows = read_outputs(out)
-    assert_exactly_once(rows, 5 * 12 + 1)
-    assert [r["id"] for r in rows if r["error"] is not None] == ["in1:12"]
+    assert_exactly_once(rows, 5 * n + 1)
+    assert [r["id"] for r in rows if r["error"] is not None] == [f"in1:{n}"]
     assert all(p["done"] for _, p in committed(out))
     by_file = {}
     for _, p in committed(out):
         by_file.setdefault(p["path"], []).append(tuple(p["row_range"]))
     assert sorted(by_file) == sorted(inputs)
     for path, ranges in by_file.items():  # the first run's ranges and the resume's cuts tile each file exactly
-        lines = 13 if path == inputs[1] else 12
+        lines = n + 1 if path == inputs[1] else n
         assert uncovered(ranges, lines) == [] and sum(b - a for a, b in ranges) == lines, ranges

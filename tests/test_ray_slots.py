@@ -49,6 +49,24 @@ def test_resume_finishes_each_slots_shards_and_orphan_slots_go_to_any_free_actor
     assert q.num_slots == 3
 
 
+def test_retry_calls_each_slot_with_error_rows_once_done_or_not_and_again_after_its_actor_died():
+    slots = Slots(owner={PATHS[0]: 0, PATHS[1]: 1, PATHS[2]: 2}, done={PATHS[0], PATHS[1]},
+                  failed={PATHS[0]: 2, PATHS[2]: 1})
+    q = WorkQueue(SHARDS, slots, num_workers=2, retry=True)
+    a = q.take(0)
+    assert (a.slot, keys(a.shards), a.retry) == (0, (), True)  # done, but with error rows: called to redo them
+    b = q.take(1)  # slot 1 has no error rows: actor 1 takes the orphan slot 2 (not done, one error row)
+    assert (b.slot, keys(b.shards), b.retry) == (2, (PATHS[2],), True)
+    q.give_back(b)  # its actor died mid-retry: the rows it had not redone are still error rows
+    q.finish(a)
+    again = q.take(0)
+    assert (again.slot, keys(again.shards), again.retry) == (2, (PATHS[2],), True)
+    q.finish(again)
+    nxt = q.take(0)
+    assert (nxt.slot, keys(nxt.shards), nxt.retry) == (0, (PATHS[3],), False)  # once per run
+    assert not WorkQueue(SHARDS, slots, num_workers=2).take(0).retry  # without --retry-failed
+
+
 def test_read_slots_refuses_other_runs_directories(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"task": None, "shards": {}}))
     with pytest.raises(OutputError, match="without --ray"):
@@ -70,7 +88,7 @@ def test_read_slots_reads_owners_and_progress(tmp_path):
 
 def test_fresh_removes_the_slots_outputs_unless_an_actor_holds_one(tmp_path):
     """--fresh with --ray (driver.start_over): the manifests first, then parts and temp files; refused while a live
-    process holds a slot's lock. --retry-failed with --ray is refused by the configuration."""
+    process holds a slot's lock."""
     from spcli.config import RunConfig
     from spcli.errors import ConfigError, OutputError
     from spcli.io.lock import WriterLock
@@ -90,5 +108,5 @@ def test_fresh_removes_the_slots_outputs_unless_an_actor_holds_one(tmp_path):
     assert start_over(tmp_path).owner == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock-task-00000"]
     RunConfig(inputs=("x",), out="y", ray="auto", fresh=True)
-    with pytest.raises(ConfigError, match="--ray takes no --retry-failed yet"):
-        RunConfig(inputs=("x",), out="y", ray="auto", retry_failed=True)
+    with pytest.raises(ConfigError, match="--fresh and --retry-failed cannot be used together"):
+        RunConfig(inputs=("x",), out="y", ray="auto", fresh=True, retry_failed=True)

@@ -1,7 +1,10 @@
 """`spcli run --engine vllm --ray` on a real local Ray cluster (tests/conftest.py `ray_cluster`, 2 CPUs): vLLM's
-CPU build in one Ray actor (and in the Ray Data processor's base stage: `make test-extended`). Run with the vLLM venv (`make test-vllm`). Base: SmolLM2-135M-Instruct in float32;
+CPU build in one Ray actor, and in the Ray Data processor's base stage. Base: SmolLM2-135M-Instruct in float32;
 speculator: conftest's tiny random Llama; the rows (kept indices, text) are the hf engine's in `spcli run`, as
-tests/test_vllm_run.py shows for vLLM outside Ray. One vLLM start (~30 s here) inside the actor."""
+tests/test_vllm_run.py shows for vLLM outside Ray. One vLLM start inside an actor each (~60 s alone here, 7 min
+beside the rest of `make test` on 2 cores), so both are `extended`: `make test-extended` runs them, `make test`
+keeps their parts (spcli run --ray with the hf engine: tests/test_ray_run.py; the vLLM engine's run and the
+processor's two stages on vLLM outside Ray: tests/test_vllm_run.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from test_ray_run import assert_exactly_once, comparable
 from test_run import read_outputs
 from test_vllm_run import COMMON, MAX_TOKENS, PRUNED, chat_rows, needs_vllm
 
-pytestmark = [needs_vllm, pytest.mark.xdist_group("ray")]
+pytestmark = [needs_vllm, pytest.mark.xdist_group("ray"), pytest.mark.extended]
 
 
 def test_ray_vllm_actor_rows_are_the_hf_runs(tmp_path, tiny_dir, ray_cluster):
@@ -38,7 +41,6 @@ def test_ray_vllm_actor_rows_are_the_hf_runs(tmp_path, tiny_dir, ray_cluster):
 
 
 
-@pytest.mark.extended
 def test_processor_on_vllm_gives_the_hf_runs_rows(tmp_path, tiny_dir, ray_cluster):
     """The Ray Data processor with engine='vllm' (two actors: the speculator alone, vLLM without a replica): the
     rows `spcli run --engine hf` gives, and a bad record an error row. Outside `make test` (`make test-extended`):

@@ -53,7 +53,8 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
     progress = progress or Progress(total=None)
     split_rows = SPLIT_ROWS if cfg.split_rows is None else cfg.split_rows
     units = split(shards, slots, split_rows)
-    if all(u.key in slots.done for u in units) and not cfg.fresh:
+    to_retry = sum(slots.failed.get(u.key, 0) for u in units) if cfg.retry_failed else 0
+    if all(u.key in slots.done for u in units) and not to_retry and not cfg.fresh:
         return _summary(RunSummary, out, len(shards), progress, 0.0, nothing_to_do=True)
     ray = require_ray()
     started = connect(cfg.ray)
@@ -69,7 +70,7 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
                     slots = start_over(out)
                     units = split(shards, slots, split_rows)
                     cfg = dataclasses.replace(cfg, fresh=False)
-                _drive(ray, cfg, shards, units, slots, progress, stop)
+                retried = _drive(ray, cfg, shards, units, slots, progress, stop)
             finally:
                 lock.release()
     except BaseException:
@@ -80,7 +81,7 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
         if started:
             ray.shutdown()
     progress.close()
-    return _summary(RunSummary, out, len(shards), progress, time.perf_counter() - t0)
+    return _summary(RunSummary, out, len(shards), progress, time.perf_counter() - t0, retried=retried)
 
 
 def start_over(out: Path) -> Slots:
@@ -105,43 +106,45 @@ def start_over(out: Path) -> Slots:
 
 
 def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: Slots, progress: Progress,
-           stop: StopRequest) -> None:
+           stop: StopRequest) -> tuple[int, int]:
+    """Runs the job on the actors; returns the failed rows redone (--retry-failed) and how many of them now have
+    no error."""
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.queue import Empty, Queue
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     shape = actor_shape(cfg, ray.cluster_resources())
-    work = WorkQueue(units, slots, shape.num_workers)
+    work = WorkQueue(units, slots, shape.num_workers, retry=cfg.retry_failed)
     left = [u for u in units if u.key not in slots.done]
     total = rows_left(shards, units, slots)
+    to_retry = sum(slots.failed.get(u.key, 0) for u in units) if cfg.retry_failed else 0
     done_before = sum(slots.rows.values())
     ranges = sum(u.rows is not None for u in left)
-    log.info("ray: %d actor(s), each %s, for %d shard(s)%s (%d rows to do) into %s", shape.num_workers,
-             ", ".join(f"{v:g} {k}" for k, v in shape.bundle.items()), len({u.path for u in left}),
-             f" in {len(left)} units ({ranges} row ranges)" if ranges else "", total, cfg.out)
-    if done_before:
-        log.info("resuming: %d rows already committed", done_before)
-    progress.start(total=total, done=done_before)
     queue = Queue(actor_options={"num_cpus": 0})
     remote = ray.remote(Worker)
     run_id = uuid.uuid4().hex[:12]
     level = logging.getLevelName(log.getEffectiveLevel())
-    groups = [placement_group([shape.bundle], strategy="STRICT_PACK") for _ in range(shape.num_workers)]
+    groups: dict = {}  # worker -> its placement group (one bundle), made when its first actor starts
 
     def start(w: int):
+        if w not in groups:
+            groups[w] = placement_group([shape.bundle], strategy="STRICT_PACK")
         strategy = PlacementGroupSchedulingStrategy(groups[w], placement_group_bundle_index=0,
                                                     placement_group_capture_child_tasks=True)
         return remote.options(num_cpus=shape.bundle.get("CPU", 0), num_gpus=shape.bundle.get("GPU", 0),
                               scheduling_strategy=strategy, max_restarts=0).remote(cfg, run_id, queue, level)
 
-    actors = {w: start(w) for w in range(shape.num_workers)}
+    actors: dict = {}  # worker -> its actor; a worker with no work at the start is never started
     running: dict = {}  # ObjectRef -> (worker, Work)
     deaths: dict[int, int] = {}
+    retried = [0, 0]
 
     def hand_out(w: int) -> None:
         item = work.take(w)
         if item is not None:
-            running[actors[w].run.remote(item.slot, item.owned, work.num_slots)] = (w, item)
+            if w not in actors:
+                actors[w] = start(w)
+            running[actors[w].run.remote(item.slot, item.owned, work.num_slots, item.retry)] = (w, item)
 
     def relay() -> None:
         while True:
@@ -151,8 +154,17 @@ def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: 
                 return
 
     try:
-        for w in actors:
+        for w in range(shape.num_workers):
             hand_out(w)
+        log.info("ray: %d actor(s)%s, each %s, for %d shard(s)%s (%d rows to do) into %s", len(actors),
+                 f" (of {shape.num_workers}: the others would have nothing to do)" if len(actors) < shape.num_workers
+                 else "", ", ".join(f"{v:g} {k}" for k, v in shape.bundle.items()), len({u.path for u in left}),
+                 f" in {len(left)} units ({ranges} row ranges)" if ranges else "", total, cfg.out)
+        if done_before:
+            log.info("resuming: %d rows already committed", done_before)
+        if to_retry:
+            log.info("retrying %d failed row%s", to_retry, "" if to_retry == 1 else "s")
+        progress.start(total=total + to_retry, done=done_before)
         while running:
             ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
             relay()
@@ -162,7 +174,7 @@ def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: 
             for ref in ready:
                 w, item = running.pop(ref)
                 try:
-                    ray.get(ref)
+                    result = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
                     _replace(w, item, e, work, deaths)
                     ray.kill(actors[w], no_restart=True)
@@ -173,6 +185,8 @@ def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: 
                 else:
                     work.finish(item)
                     deaths.pop(item.slot, None)
+                    retried[0] += result["retried"]
+                    retried[1] += result["retried_ok"]
                 hand_out(w)
                 idle = [x for x in actors if all(x != v[0] for v in running.values())]
                 for x in idle:
@@ -180,10 +194,11 @@ def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: 
         relay()
         assert work.is_empty, "every shard was handed out and finished"
         ray.wait([a.close.remote() for a in actors.values()], num_returns=len(actors), timeout=CLOSE_S)
+        return retried[0], retried[1]
     finally:
         for a in actors.values():
             ray.kill(a, no_restart=True)
-        for g in groups:
+        for g in groups.values():
             remove_placement_group(g)
         ray.kill(queue.actor, no_restart=True)
 
@@ -212,8 +227,10 @@ def _replace(w: int, item: Work, error, work: WorkQueue, deaths: dict[int, int])
     work.give_back(item)
 
 
-def _summary(RunSummary, out: Path, num_shards: int, progress: Progress, wall_s: float, nothing_to_do: bool = False):
-    """The directory's totals over every slot's manifest, and this run's own figures."""
+def _summary(RunSummary, out: Path, num_shards: int, progress: Progress, wall_s: float, nothing_to_do: bool = False,
+             retried: tuple[int, int] = (0, 0)):
+    """The directory's totals over every slot's manifest, and this run's own figures (a row redone by --retry-failed
+    is not a new row)."""
     docs = read_manifests(out) if out.is_dir() else []
     shards = [p for d in docs for p in d["shards"].values()]
     total = [p.get("total_rows") for p in shards]
@@ -221,6 +238,7 @@ def _summary(RunSummary, out: Path, num_shards: int, progress: Progress, wall_s:
         out, rows=sum(p["rows"] for p in shards), failed=sum(p["failed"] for p in shards),
         prompt_tokens=sum(p["prompt_tokens"] for p in shards), kept_tokens=sum(p["kept_tokens"] for p in shards),
         wall_s=sum(d.get("wall_s", 0.0) for d in docs), shards=num_shards,
-        rows_total=None if None in total else sum(total), rows_this_run=progress.rows, wall_this_run_s=wall_s,
+        rows_total=None if None in total else sum(total), rows_this_run=progress.rows - retried[0], wall_this_run_s=wall_s,
+        retried=retried[0], retried_ok=retried[1],
         nothing_to_do=nothing_to_do, prompt_tokens_this_run=progress.prompt_tokens,
         kept_tokens_this_run=progress.kept_tokens, output_tokens_this_run=progress.output_tokens)

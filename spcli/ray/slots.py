@@ -31,10 +31,11 @@ class Work:
     slot: int
     shards: tuple[Shard, ...]
     owned: tuple[Shard, ...]  # every shard (or row range) the slot's manifest lists (done or not), `shards` included
+    retry: bool = False  # --retry-failed: the slot's committed error rows are redone first (once per run)
 
     @property
     def keys(self) -> str:
-        return ", ".join(s.key for s in self.shards)
+        return ", ".join(s.key for s in self.shards) or "its failed rows"
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Slots:
     row_range: dict[str, tuple[int, int] | None] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
     rows: dict[str, int] = field(default_factory=dict)  # committed rows
+    failed: dict[str, int] = field(default_factory=dict)  # committed error rows
     total_rows: dict[str, int | None] = field(default_factory=dict)  # when the manifest knows it
 
     @property
@@ -77,7 +79,7 @@ def read_slots(out: Path) -> Slots:
                                   f"{task['index']}); the directory was changed by hand: use a new --out")
             slots.owner[key], slots.index[key], slots.path[key] = task["index"], int(index), prog["path"]
             slots.row_range[key] = None if prog.get("row_range") is None else tuple(prog["row_range"])
-            slots.rows[key] = prog["rows"]
+            slots.rows[key], slots.failed[key] = prog["rows"], prog.get("failed", 0)
             slots.total_rows[key] = prog.get("total_rows")
             if prog["done"]:
                 slots.done.add(key)
@@ -86,10 +88,12 @@ def read_slots(out: Path) -> Slots:
 
 class WorkQueue:
     """The work left, in input order, handed to actors as they free up (`take`); work an actor did not finish
-    goes back (`give_back`) to the front of its slot. The units are shards or row ranges of them (pieces.py)."""
+    goes back (`give_back`) to the front of its slot. The units are shards or row ranges of them (pieces.py).
+    retry (--retry-failed): each slot with committed error rows is called once with `Work.retry`, done or not."""
 
-    def __init__(self, shards: list[Shard], slots: Slots, num_workers: int):
+    def __init__(self, shards: list[Shard], slots: Slots, num_workers: int, retry: bool = False):
         self.num_workers = num_workers
+        self.retry = {slots.owner[s.key] for s in shards if slots.failed.get(s.key)} if retry else set()
         self.owned: dict[int, list[Shard]] = {}
         self.left: dict[int, list[Shard]] = {}  # slot -> its shards not done yet, in input order
         for shard in shards:
@@ -108,11 +112,11 @@ class WorkQueue:
     def take(self, worker: int) -> Work | None:
         """The next work of actor `worker`: what its own slot left, else an orphan slot's (one above the pool),
         else the next shard no slot holds yet (into its own slot). None: nothing it may take now."""
-        if self.left.get(worker):
-            return self._start(worker, self.left.pop(worker))
-        for slot in sorted(self.left):
-            if slot >= self.num_workers and slot not in self.busy and self.left[slot]:
-                return self._start(slot, self.left.pop(slot))
+        if self.left.get(worker) or worker in self.retry:
+            return self._start(worker, self.left.pop(worker, []))
+        for slot in sorted({*self.left, *self.retry}):
+            if slot >= self.num_workers and slot not in self.busy and (self.left.get(slot) or slot in self.retry):
+                return self._start(slot, self.left.pop(slot, []))
         if self.fresh:
             shard = self.fresh.popleft()
             self.owned.setdefault(worker, []).append(shard)
@@ -122,7 +126,9 @@ class WorkQueue:
     def _start(self, slot: int, shards: list[Shard]) -> Work:
         assert slot not in self.busy, "one actor per slot at a time"
         self.busy.add(slot)
-        return Work(slot, tuple(shards), tuple(self.owned[slot]))
+        retry = slot in self.retry
+        self.retry.discard(slot)
+        return Work(slot, tuple(shards), tuple(self.owned[slot]), retry)
 
     def finish(self, work: Work) -> None:
         self.busy.discard(work.slot)
@@ -131,7 +137,9 @@ class WorkQueue:
         """Work whose actor died: its slot finishes it first (the committed part of it stays where it is)."""
         self.busy.discard(work.slot)
         self.left[work.slot] = list(work.shards) + self.left.get(work.slot, [])
+        if work.retry:  # the rows it had not redone are still error rows
+            self.retry.add(work.slot)
 
     @property
     def is_empty(self) -> bool:
-        return not self.fresh and not any(self.left.values())
+        return not self.fresh and not any(self.left.values()) and not self.retry

@@ -57,11 +57,14 @@ class Worker:
             getattr(engine, "close", lambda: None)()
         self.engines.clear()
 
-    def run(self, slot: int, owned: tuple[Shard, ...], num_slots: int) -> dict:
-        """Run the shards (or row ranges) of `slot` not done yet (`owned`: every one its manifest lists, or will)."""
+    def run(self, slot: int, owned: tuple[Shard, ...], num_slots: int, retry: bool = False) -> dict:
+        """Run the shards (or row ranges) of `slot` not done yet (`owned`: every one its manifest lists, or will);
+        retry: first redo the slot's committed error rows (--retry-failed)."""
         from spcli.run import WorkerShare, run
 
         task = {"index": slot, "count": num_slots, "job_id": self.run_id, "restart_count": 0, "ray": True}
         share = WorkerShare(task, tuple(owned), self.engines)
-        summary = run(self.cfg, RelayedProgress(self.queue, slot), share)
-        return {"rows": summary.rows_this_run, "wall_s": summary.wall_this_run_s}
+        cfg = dataclasses.replace(self.cfg, retry_failed=retry)
+        summary = run(cfg, RelayedProgress(self.queue, slot), share)
+        return {"rows": summary.rows_this_run, "wall_s": summary.wall_this_run_s, "retried": summary.retried,
+                "retried_ok": summary.retried_ok}
