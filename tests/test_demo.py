@@ -1,4 +1,9 @@
-"""`make demo` — the README's first command — runs the default model on examples/ and says where outputs are."""
+"""`make demo` — the README's first command — runs the default model on examples/ and says where outputs are.
+
+Outside `make test` (`extended`: `make test-extended` runs it): the demo's 8 real SmolLM2 rows took 4.6 min
+beside the rest of the suite on 2 cores, the largest single item of a suite that must end within 20 minutes; the
+README's other job (tests/test_readme_job.py) runs the same embedded model through `spcli run` in `make test`,
+and every session checks `make demo` from a clean clone before it stops."""
 
 import shutil
 import subprocess
@@ -9,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
