@@ -18,6 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.xdist_group("gpu_check_hf")  # one worker: its module fixture (~1-2 min) runs once
+
 
 @pytest.fixture(scope="module")
 def check(tmp_path_factory) -> tuple[dict, Path, subprocess.CompletedProcess]:
