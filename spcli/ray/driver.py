@@ -53,7 +53,7 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
     progress = progress or Progress(total=None)
     split_rows = SPLIT_ROWS if cfg.split_rows is None else cfg.split_rows
     units = split(shards, slots, split_rows)
-    to_retry = sum(slots.failed.get(u.key, 0) for u in units) if cfg.retry_failed else 0
+    to_retry = slots.failed_rows(units) if cfg.retry_failed else 0
     if all(u.key in slots.done for u in units) and not to_retry and not cfg.fresh:
         return _summary(RunSummary, out, len(shards), progress, 0.0, nothing_to_do=True)
     ray = require_ray()
@@ -117,7 +117,7 @@ def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: 
     work = WorkQueue(units, slots, shape.num_workers, retry=cfg.retry_failed)
     left = [u for u in units if u.key not in slots.done]
     total = rows_left(shards, units, slots)
-    to_retry = sum(slots.failed.get(u.key, 0) for u in units) if cfg.retry_failed else 0
+    to_retry = slots.failed_rows(units) if cfg.retry_failed else 0
     done_before = sum(slots.rows.values())
     ranges = sum(u.rows is not None for u in left)
     queue = Queue(actor_options={"num_cpus": 0})

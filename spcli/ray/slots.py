@@ -56,6 +56,10 @@ class Slots:
     def num_slots(self) -> int:
         return max(self.owner.values(), default=-1) + 1
 
+    def failed_rows(self, units: list[Shard]) -> int:
+        """The committed error rows of these units (what --retry-failed redoes)."""
+        return sum(self.failed.get(u.key, 0) for u in units)
+
     def listed(self, path: str) -> list[str]:
         """The keys of `path` that manifests list (the whole file, or ranges of its rows)."""
         return [k for k, p in self.path.items() if p == path]
