@@ -48,9 +48,6 @@ demo: $(VENV)/.base
 
 VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py \
 	tests/test_vllm_ray.py
-# the Ray runs (hf engine) go in the vLLM venv's suite, which has Ray too: the two suites side by side then end
-# together (the hf suite was the longer by 5 minutes)
-RAY_RUN_TESTS := tests/test_ray_run.py tests/test_ray_processor.py
 
 # the two venvs and the browser install side by side (their downloads overlap); then the two suites side by
 # side, each one's output printed whole when it ends: the hf suite's workers wait on Slurm and subprocesses
@@ -60,8 +57,7 @@ test:
 	$(MAKE) -j2 --output-sync=target test-hf test-vllm
 
 test-hf: $(VENV)/.test
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not extended" \
-		$(addprefix --ignore=,$(RAY_RUN_TESTS))
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not extended"
 
 setup-vllm: $(VLLM_VENV)/.base
 
@@ -69,7 +65,7 @@ browser:
 	sh tests/browser_setup.sh
 
 test-vllm: $(VLLM_VENV)/.base
-	$(VLLM_VENV)/bin/python -m pytest -q -m "not extended" $(VLLM_TESTS) $(RAY_RUN_TESTS)
+	$(VLLM_VENV)/bin/python -m pytest -q -m "not extended" $(VLLM_TESTS)
 
 # the tests `make test` leaves out for time (marked `extended`: minutes on a 2-core CPU beside the suite)
 test-extended: $(VENV)/.test $(VLLM_VENV)/.base
