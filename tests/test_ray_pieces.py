@@ -73,7 +73,7 @@ def test_read_slots_reads_row_ranges_with_their_manifest_index(tmp_path):
     slots = read_slots(tmp_path)
     assert slots.index == {"/in/a.parquet[10:20]": 7, "/in/b.parquet": 1}
     assert slots.row_range["/in/a.parquet[10:20]"] == (10, 20) and slots.done == {"/in/b.parquet"}
-    assert slots.listed("/in/a.parquet") == ["/in/a.parquet[10:20]"]
+    assert slots.keys_by_path()["/in/a.parquet"] == ["/in/a.parquet[10:20]"]
 
 
 def test_a_range_starts_at_its_first_row_and_its_manifest_entry_says_its_bounds(tmp_path):

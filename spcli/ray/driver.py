@@ -206,9 +206,12 @@ def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: 
 def rows_left(shards: list[Shard], units: list[Shard], slots: Slots) -> int:
     """Rows no manifest has committed yet: per file, its records (as its units' manifests count them, else as
     read from the file once) less the rows its units committed."""
+    by_path: dict[str, list[Shard]] = {}
+    for u in units:
+        by_path.setdefault(u.path, []).append(u)
     left = 0
     for shard in shards:
-        mine = [u for u in units if u.path == shard.path]
+        mine = by_path[shard.path]
         if all(u.key in slots.done for u in mine):
             continue
         totals = [slots.total_rows.get(u.key) for u in mine]

@@ -30,9 +30,10 @@ def split(shards: list[Shard], slots: Slots, split_rows: int,
     """The job's units of work, in input order: each file whole, or its row ranges. split_rows 0: files whole
     (the ranges a directory already lists still stand, and the rows between them are one range each)."""
     next_index = max([len(shards) - 1, *slots.index.values()]) + 1
+    by_path = slots.keys_by_path()
     units: list[Shard] = []
     for shard in shards:
-        listed = slots.listed(shard.path)
+        listed = by_path.get(shard.path, [])
         if any(slots.row_range[k] is None for k in listed):
             units.append(shard)  # run whole before: it stays whole
             continue

@@ -60,9 +60,12 @@ class Slots:
         """The committed error rows of these units (what --retry-failed redoes)."""
         return sum(self.failed.get(u.key, 0) for u in units)
 
-    def listed(self, path: str) -> list[str]:
-        """The keys of `path` that manifests list (the whole file, or ranges of its rows)."""
-        return [k for k, p in self.path.items() if p == path]
+    def keys_by_path(self) -> dict[str, list[str]]:
+        """The keys manifests list, by file (the whole file, or ranges of its rows)."""
+        by_path: dict[str, list[str]] = {}
+        for key, path in self.path.items():
+            by_path.setdefault(path, []).append(key)
+        return by_path
 
 
 def read_slots(out: Path) -> Slots:
