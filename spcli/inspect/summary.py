@@ -10,6 +10,7 @@ import numpy as np
 
 from spcli.errors import OutputError
 from spcli.inspect.outputs import RunOutputs
+from spcli.io.manifest import progress_rows
 from spcli.io.read import count_rows
 from spcli.io.records import Shard
 
@@ -182,7 +183,7 @@ def _pending(run: RunOutputs) -> int | None:
             continue
         total = s.get("total_rows")
         if total is None:
-            total = count_rows(Shard(0, s["path"], rows=None if s.get("row_range") is None else tuple(s["row_range"])))
+            total = count_rows(Shard(0, s["path"], rows=progress_rows(s)))
         if total is None:
             return None
         pending += max(0, total - s.get("rows", 0))

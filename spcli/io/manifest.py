@@ -67,6 +67,11 @@ def progress_key(doc: dict) -> str:
     return piece_key(doc["path"], doc.get("row_range"))
 
 
+def progress_rows(doc: dict) -> tuple[int, int] | None:
+    """A manifest entry's row range as `Shard.rows` holds it (None: the whole file)."""
+    return None if doc.get("row_range") is None else tuple(doc["row_range"])
+
+
 def input_identity(shards: list[Shard]) -> list[dict]:
     out = []
     for s in shards:

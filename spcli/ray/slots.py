@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spcli.errors import OutputError
-from spcli.io.manifest import progress_key, read_manifests
+from spcli.io.manifest import progress_key, progress_rows, read_manifests
 from spcli.io.records import Shard
 
 RAY_TASK = "ray"  # the key a Ray slot's task record carries (manifest "task": {"index": k, "ray": true, ...})
@@ -85,7 +85,7 @@ def read_slots(out: Path) -> Slots:
                 raise OutputError(f"{out}: shard {key} is listed by two manifests (slots {slots.owner[key]} and "
                                   f"{task['index']}); the directory was changed by hand: use a new --out")
             slots.owner[key], slots.index[key], slots.path[key] = task["index"], int(index), prog["path"]
-            slots.row_range[key] = None if prog.get("row_range") is None else tuple(prog["row_range"])
+            slots.row_range[key] = progress_rows(prog)
             slots.rows[key], slots.failed[key] = prog["rows"], prog.get("failed", 0)
             slots.total_rows[key] = prog.get("total_rows")
             if prog["done"]:
