@@ -67,10 +67,10 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
             lock.acquire()
             try:
                 if cfg.fresh:  # under the driver's lock; the actors then run as on a new directory
-                    slots = start_over(out)
+                    slots = start_over(out)  # (--fresh refuses --retry-failed: to_retry stays 0)
                     units = split(shards, slots, split_rows)
                     cfg = dataclasses.replace(cfg, fresh=False)
-                retried = _drive(ray, cfg, shards, units, slots, progress, stop)
+                retried = _drive(ray, cfg, shards, units, slots, to_retry, progress, stop)
             finally:
                 lock.release()
     except BaseException:
@@ -105,10 +105,10 @@ def start_over(out: Path) -> Slots:
     return Slots()
 
 
-def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: Slots, progress: Progress,
-           stop: StopRequest) -> tuple[int, int]:
-    """Runs the job on the actors; returns the failed rows redone (--retry-failed) and how many of them now have
-    no error."""
+def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: Slots, to_retry: int,
+           progress: Progress, stop: StopRequest) -> tuple[int, int]:
+    """Runs the job on the actors (to_retry: the error rows --retry-failed redoes); returns the failed rows redone
+    and how many of them now have no error."""
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.queue import Empty, Queue
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -117,7 +117,6 @@ def _drive(ray, cfg: RunConfig, shards: list[Shard], units: list[Shard], slots: 
     work = WorkQueue(units, slots, shape.num_workers, retry=cfg.retry_failed)
     left = [u for u in units if u.key not in slots.done]
     total = rows_left(shards, units, slots)
-    to_retry = slots.failed_rows(units) if cfg.retry_failed else 0
     done_before = sum(slots.rows.values())
     ranges = sum(u.rows is not None for u in left)
     queue = Queue(actor_options={"num_cpus": 0})
