@@ -3,6 +3,7 @@ stand on resume, and reading a range of real JSONL and Parquet files (no Ray nee
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pyarrow as pa
@@ -103,6 +104,39 @@ def test_reading_a_range_of_jsonl_keeps_line_numbers_and_ids(tmp_path):
     assert recs[2].error.startswith(f"{path}:line 7: malformed JSON")
     assert [r.row for r in read_records(piece, FieldConfig(), start_row=6)] == [6, 7]  # resumed inside the range
     assert (count_rows(piece), count_rows(whole), count_positions(whole)) == (4, 9, 10)
+
+
+@pytest.mark.parametrize("scan_bytes", [7, 1 << 22])
+def test_a_jsonl_range_seeks_to_its_first_line_and_reads_what_a_scan_from_the_start_reads(tmp_path, monkeypatch,
+                                                                                             scan_bytes):
+    """Each plain JSONL range carries the byte offset of its first line (newlines counted in blocks: 7 bytes, so
+    that lines cross blocks, and the real 4 MiB) and reads from there the same records, row numbers, ids and
+    errors as a read of the range from the file's start; the ranges together read the whole file."""
+    import spcli.io.read as read
+
+    monkeypatch.setattr(read, "SCAN_BYTES", scan_bytes)
+    path = tmp_path / "d.jsonl"
+    lines = [json.dumps({"prompt": f"p{i} " + "x" * (i % 5)}) for i in range(23)]
+    lines[0] = "\ufeff" + lines[0]  # a byte-order mark before the first record
+    lines[4], lines[9] = "", "   "  # blank lines: no records, but row numbers
+    lines[6] = '{"prompt": '  # malformed
+    lines[11] = json.dumps({"prompt": "y" * 300})  # over --max-record-bytes below: an error row, drained
+    path.write_bytes(("\r\n".join(lines[:8]) + "\r\n" + "\n".join(lines[8:])).encode())  # CRLF, then LF, no final newline
+    whole = Shard(0, str(path), "d")
+    assert count_positions(whole) == 23
+    pieces = split([whole], Slots(), 5)
+    raw = path.read_bytes()
+    starts = [0] + [i + 1 for i, b in enumerate(raw) if b == ord("\n")]
+    assert [(u.rows, u.offset) for u in pieces] == [((a, min(a + 5, 23)), starts[a]) for a in range(0, 23, 5)]
+
+    def rows(shard, start_row=0):
+        return [(r.row, r.id, r.prompt, r.error) for r in read_records(shard, FieldConfig(), start_row, max_record_bytes=200)]
+
+    by_range = [rows(u) for u in pieces]
+    assert by_range == [rows(dataclasses.replace(u, offset=0)) for u in pieces]
+    assert sum(by_range, []) == rows(whole)
+    assert rows(pieces[2], start_row=12) == rows(whole, 12)[:3]  # resumed inside a range: rows 12, 13, 14
+    assert [r[0] for r in by_range[2] if r[3]] == [11]  # the over-long line, drained, its own row
 
 
 @pytest.mark.parametrize("row_group_size", [3, 100])

@@ -26,6 +26,7 @@ from spcli.io.records import Record, Shard, bad_record, shard_kind, to_record
 PARQUET_BATCH_ROWS = 1024
 PARQUET_BUFFER_BYTES = 1 << 20  # stream column chunks page by page: memory stays flat with row-group size
 DRAIN_BYTES = 1 << 20
+SCAN_BYTES = 1 << 22  # a plain JSONL file's newlines are counted 4 MiB at a time (line_offsets, count_positions)
 ID_SCAN_BYTES = 1 << 16  # an over-long JSONL record's id is looked for in its first 64 KiB
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
@@ -115,10 +116,9 @@ def _first_line(path: str, opener=open) -> bytes:
     return b""
 
 
-def _lines(f, limit: int) -> Iterator[tuple[int, bytes | None, int, bytes]]:
-    """(line index, line or None when longer than `limit`, its size in bytes, the first ID_SCAN_BYTES of an
-    over-long line: where its id may be found)."""
-    row = 0
+def _lines(f, limit: int, row: int = 0) -> Iterator[tuple[int, bytes | None, int, bytes]]:
+    """(line index, counted from `row`, line or None when longer than `limit`, its size in bytes, the first
+    ID_SCAN_BYTES of an over-long line: where its id may be found)."""
     while line := f.readline(limit + 1):
         if len(line) > limit and not line.endswith(b"\n"):
             size = len(line)
@@ -159,7 +159,11 @@ def _read_jsonl(shard: Shard, fields: FieldConfig, start_row: int, kind: str, li
     opener = gzip.open if kind == "jsonl.gz" else open
     try:
         with opener(shard.path, "rb") as f:
-            for row, line, size, head in _lines(f, limit):
+            first = 0
+            if shard.offset and kind == "jsonl":
+                f.seek(shard.offset)
+                first = shard.first_row
+            for row, line, size, head in _lines(f, limit, first):
                 if row < start_row:
                     continue
                 if line is None:
@@ -311,6 +315,27 @@ def count_positions(shard: Shard) -> int | None:
     return _count(shard, blank=True)
 
 
+def line_offsets(path: str, rows: list[int]) -> list[int]:
+    """Where each of these lines (ascending line indices) of a plain JSONL file starts, in bytes: what a range's
+    reader seeks to (Shard.offset). Newlines are counted a block at a time, not read line by line; a line past
+    the file's end gets 0 (read from the start)."""
+    found, want = [], iter(rows)
+    target = next(want, None)
+    line, at = 0, 0
+    with open(path, "rb") as f:
+        while target is not None and (block := f.read(SCAN_BYTES)):
+            pos = 0
+            while target is not None and line + block.count(b"\n", pos) >= target:
+                while line < target:
+                    pos = block.index(b"\n", pos) + 1
+                    line += 1
+                found.append(at + pos)
+                target = next(want, None)
+            line += block.count(b"\n", pos)
+            at += len(block)
+    return found + [0] * (len(rows) - len(found))
+
+
 def _count(shard: Shard, blank: bool) -> int | None:
     kind = shard_kind(shard.path)
     start, stop = shard.rows or (0, None)
@@ -320,11 +345,23 @@ def _count(shard: Shard, blank: bool) -> int | None:
         if kind == "parquet":
             n = pq.ParquetFile(shard.path).metadata.num_rows
             return n if shard.rows is None else max(0, min(n, stop) - start)
+        if kind == "jsonl" and blank and shard.rows is None:
+            return _count_lines(shard.path)
         with (gzip.open if kind == "jsonl.gz" else open)(shard.path, "rb") as f:
             lines = islice(f, start, stop) if shard.rows else f
             return sum(1 for line in lines if blank or line.strip())
     except (OSError, EOFError, zlib.error, pa.ArrowException):
         return None
+
+
+def _count_lines(path: str) -> int:
+    """A plain file's lines (the last one with or without its newline), counted a block at a time."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(SCAN_BYTES):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
 
 
 def _is_empty(path: str) -> bool:

@@ -6,7 +6,7 @@ import glob
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,9 @@ class Shard:
     path: str
     name: str = ""  # prefix of generated ids "<name>:<row>": the file stem, or a relative path where stems collide
     rows: tuple[int, int] | None = None  # a range [start, stop) of the file's rows (spcli run --ray); None: all
+    # where a plain JSONL range's first line starts in the file, so that its reader seeks there instead of reading
+    # every line before it; 0: read from the file's start (always right, only slower). Not part of its identity.
+    offset: int = field(default=0, compare=False)
 
     @property
     def id_prefix(self) -> str:

@@ -7,7 +7,9 @@ large file keeps a whole cluster busy. A range keeps the file's row numbers, so 
 
 What the directory's manifests list stays as it was listed: a file run whole stays whole, a range keeps its
 bounds and its index (which names its part files). Only the rows no manifest lists yet are cut, with this
-run's N, so a resume with another --split-rows goes on without a row run twice. A new range's index comes
+run's N, so a resume with another --split-rows goes on without a row run twice. A plain JSONL range carries
+where its first line starts in the file (Shard.offset, found by counting newlines a block at a time), so its
+reader seeks there: reading a large file's last range costs what its first does. A new range's index comes
 after every index in use (the files' own are 0..F-1), so no two units ever name their parts alike; a range
 handed out but never committed lists nowhere, and its index may name another range on the next run (its
 uncommitted files are removed by whichever slot takes that index).
@@ -20,8 +22,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from spcli.io.read import count_positions
-from spcli.io.records import Shard
+from spcli.io.read import count_positions, line_offsets
+from spcli.io.records import Shard, shard_kind
 from spcli.ray.slots import Slots
 
 
@@ -45,7 +47,10 @@ def split(shards: list[Shard], slots: Slots, split_rows: int,
         for start, stop in cut(uncovered([r for r, _ in ranges], span), split_rows):
             ranges.append(((start, stop), next_index))
             next_index += 1
-        units += [dataclasses.replace(shard, index=i, rows=r) for r, i in sorted(ranges)]
+        ranges.sort()
+        starts = line_offsets(shard.path, [r[0] for r, _ in ranges]) if shard_kind(shard.path) == "jsonl" else None
+        units += [dataclasses.replace(shard, index=i, rows=r, offset=starts[n] if starts else 0)
+                  for n, (r, i) in enumerate(ranges)]
     return units
 
 
