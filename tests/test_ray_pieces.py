@@ -154,7 +154,10 @@ def test_reading_a_range_of_parquet_across_row_groups(tmp_path, row_group_size):
 def test_status_counts_the_rows_no_range_covers_yet_as_waiting(tmp_path):
     """A Ray driver stopped after its slots finished the ranges they were given, before it handed out the rest:
     every slot is done, the job is not. `spcli status` says which rows are waiting (the file's uncovered rows,
-    found from the file itself, and a file no slot listed) and exits 3, not 0."""
+    found from the file itself, and a file no slot listed) and exits 3, not 0; `spcli inspect` counts them pending."""
+    from spcli.inspect.outputs import RunOutputs
+    from spcli.inspect.summary import _pending
+    from spcli.io.manifest import read_manifests
     from spcli.slurm.status import EXIT_NOT_DONE, collect
 
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
@@ -171,8 +174,13 @@ def test_status_counts_the_rows_no_range_covers_yet_as_waiting(tmp_path):
                "fingerprint_fields": {"inputs": [{"path": str(a)}, {"path": str(b)}]}, "shards": shards}
         (out / f"manifest-task-{slot:05d}.json").write_text(json.dumps(doc))
 
+    def pending():  # what `spcli inspect` counts pending: the listed entries' rows left, plus what none lists
+        docs = read_manifests(out)
+        return _pending(RunOutputs(out, docs, {}, {}, [p for d in docs for p in d["shards"].values()], []))
+
     write(0, [(2, a, (0, 4))])
     write(1, [(4, a, (8, 12))])
+    assert pending() == 4 + 1
     status = collect(out, ask_slurm=False)
     assert [(t.index, t.phase) for t in status.tasks] == [(0, "done"), (1, "done"), (None, "waiting")]
     assert status.tasks[-1].shards == 2 and "1 file(s), 1 row range(s)" in status.tasks[-1].message
@@ -180,10 +188,10 @@ def test_status_counts_the_rows_no_range_covers_yet_as_waiting(tmp_path):
     write(1, [(4, a, (8, 12)), (1, b, (0, 1))])  # every file listed, a's rows 4-7 in none: still waiting
     status = collect(out, ask_slurm=False)
     assert [t.phase for t in status.tasks] == ["done", "done", "waiting"] and status.exit_code == EXIT_NOT_DONE
-    assert "no Ray actor has started 1 row range(s)" in status.tasks[-1].message
+    assert "no Ray actor has started 1 row range(s)" in status.tasks[-1].message and pending() == 4
     write(1, [(4, a, (8, 12)), (1, b, (0, 1)), (5, a, (4, 8))])  # the gap run too: done
     status = collect(out, ask_slurm=False)
-    assert [t.phase for t in status.tasks] == ["done", "done"] and status.exit_code == 0
+    assert [t.phase for t in status.tasks] == ["done", "done"] and status.exit_code == 0 and pending() == 0
 
 
 def test_split_rows_needs_ray_and_a_count():

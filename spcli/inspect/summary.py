@@ -13,6 +13,7 @@ from spcli.inspect.outputs import RunOutputs
 from spcli.io.manifest import progress_rows
 from spcli.io.read import count_rows
 from spcli.io.records import Shard
+from spcli.ray.pieces import not_started
 
 KEEP_BINS = 10  # keep-rate histogram: [0, 10%), [10%, 20%), ..., [90%, 100%]
 _WHERE = re.compile(r"^(?:.*?:(?:line|row) \d+: )+")  # "file.jsonl:line 3: " prefixes of error rows
@@ -187,6 +188,10 @@ def _pending(run: RunOutputs) -> int | None:
         if total is None:
             return None
         pending += max(0, total - s.get("rows", 0))
+    for shard in not_started(run.manifests):  # a Ray directory's files and row ranges no actor slot started
+        if (total := count_rows(shard)) is None:
+            return None
+        pending += total
     return pending
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from spcli.io.manifest import progress_rows
 from spcli.io.read import count_positions, line_offsets
 from spcli.io.records import Shard, shard_kind
 from spcli.ray.slots import Slots
@@ -52,6 +53,31 @@ def split(shards: list[Shard], slots: Slots, split_rows: int,
         units += [dataclasses.replace(shard, index=i, rows=r, offset=starts[n] if starts else 0)
                   for n, (r, i) in enumerate(ranges)]
     return units
+
+
+def not_started(docs: list[dict]) -> list[Shard]:
+    """What no actor slot of a Ray directory has started, from its manifests: each input file none lists (whole),
+    and each run of rows of a file cut in ranges that no listed range covers (a driver stopped before handing
+    them out), found from the file itself. What `spcli status` shows waiting and `spcli inspect` counts pending."""
+    ray_docs = [d for d in docs if (d.get("task") or {}).get("ray")]
+    if not ray_docs:
+        return []
+    whole, ranges = set(), {}
+    for p in (p for d in ray_docs for p in d["shards"].values()):
+        rows = progress_rows(p)
+        if rows is None:
+            whole.add(p["path"])
+        else:
+            ranges.setdefault(p["path"], []).append(rows)
+    left = []
+    for path in (s["path"] for s in (ray_docs[0].get("fingerprint_fields") or {}).get("inputs", [])):
+        if path in whole:
+            continue
+        if path not in ranges:
+            left.append(Shard(0, path))
+        elif (span := count_positions(Shard(0, path))) is not None:
+            left += [Shard(0, path, rows=gap) for gap in uncovered(ranges[path], span)]
+    return left
 
 
 def uncovered(ranges: list[tuple[int, int]], span: int) -> list[tuple[int, int]]:

@@ -24,8 +24,7 @@ from pathlib import Path
 
 from spcli.errors import OutputError
 from spcli.io.lock import is_held
-from spcli.io.manifest import config_history, history_lines, progress_key, progress_rows, read_manifests
-from spcli.io.records import Shard
+from spcli.io.manifest import config_history, history_lines, progress_key, read_manifests
 from spcli.slurm import query
 from spcli.slurm.attempts import Attempt, read_attempts
 from spcli.slurm.submit import read_submissions
@@ -127,34 +126,19 @@ def _own_shards(doc: dict) -> list[str]:
 
 
 def _ray_not_started(docs: list[dict]) -> list[TaskStatus]:
-    """`spcli run --ray`: what no actor slot has started yet, as one waiting row (task `-`): the job's files no
-    manifest lists, and the rows of a file cut in ranges that none of its listed ranges covers (a driver stopped
-    before it handed them out: the slots that ran are all done, the job is not)."""
-    from spcli.io.read import count_positions
-    from spcli.ray.pieces import uncovered
+    """`spcli run --ray`: what no actor slot has started yet (spcli.ray.pieces.not_started) as one waiting row
+    (task `-`): so a job whose slots are all done but whose driver stopped before handing out its last ranges
+    is not done."""
+    from spcli.ray.pieces import not_started
 
-    ray_docs = [d for d in docs if (d.get("task") or {}).get("ray")]
-    if not ray_docs:
+    left = not_started(docs)
+    if not left:
         return []
-    whole, ranges = set(), {}
-    for p in (p for d in ray_docs for p in d["shards"].values()):
-        rows = progress_rows(p)
-        if rows is None:
-            whole.add(p["path"])
-        else:
-            ranges.setdefault(p["path"], []).append(rows)
-    inputs = [s["path"] for s in (ray_docs[0].get("fingerprint_fields") or {}).get("inputs", [])]
-    left = [p for p in inputs if p not in whole and p not in ranges]
-    gaps = 0
-    for path in (p for p in inputs if p in ranges and p not in whole):
-        span = count_positions(Shard(0, path))
-        gaps += len(uncovered(ranges[path], span)) if span is not None else 0
-    if not left and not gaps:
-        return []
-    what = ", ".join(part for part in (left and f"{len(left)} file(s)", gaps and f"{gaps} row range(s) of files "
-                                       "cut in ranges") if part)
-    return [TaskStatus(index=None, phase="waiting", state="NOT_STARTED", shards=len(left) + gaps, shards_done=0,
-                       rows=0, rows_total=None, failed_rows=0, requeues=0, exit_code=None,
+    files, gaps = sum(s.rows is None for s in left), sum(s.rows is not None for s in left)
+    what = ", ".join(part for part in (files and f"{files} file(s)", gaps and f"{gaps} row range(s) of files cut "
+                                       "in ranges") if part)
+    return [TaskStatus(index=None, phase="waiting", state="NOT_STARTED", shards=len(left), shards_done=0, rows=0,
+                       rows_total=None, failed_rows=0, requeues=0, exit_code=None,
                        message=f"no Ray actor has started {what}: run the same spcli run --ray command to go on")]
 
 
