@@ -195,10 +195,12 @@ done
 action=failed
 if [ "$code" -eq 0 ]; then
   action="done"
-elif [ "$code" -eq {resumable} ] || {{ [ "$signalled" = 1 ] && [ "$code" -gt 128 ]; }}; then
+elif [ "$code" -eq {resumable} ] || {{ [ "$signalled" = 1 ] && {{ [ "$code" -gt 128 ] || [ "$code" -lt 0 ]; }}; }}; then
   # scancel and kills also end in 75 (spcli commits on TERM); only a RUNNING job is requeued.
   # A signal that reaches spcli outside its handler (Python still starting, or already exiting)
-  # kills it: srun exits 128+n. Nothing is ever half committed, so that resumes like 75.
+  # kills it: srun exits 128+n. Nothing is ever half committed, so that resumes like 75. A
+  # preemption's TERM and CONT can also leave bash's `wait` with srun's status lost (-1, seen once
+  # while srun logged exit 75): after a forwarded signal, that too resumes.
   state=$(squeue --noheader --jobs="$job" --format=%T 2>/dev/null)
   if [ "$restarts" -ge "$max_requeues" ]; then
     action=gave-up
