@@ -7,8 +7,10 @@ hidden 576, 30 layers, 9 heads, 3 KV heads, head dim 64, vocab 49152.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,16 +29,35 @@ def tiny_dir(tmp_path_factory, smollm2_dir) -> Path:
     return build_tiny(tmp_path_factory.mktemp("tiny") / "model", smollm2_dir)
 
 
+def not_loopback(gcs_address: str, nodes: list[dict]) -> list[str]:
+    """The addresses of the cluster's GCS and nodes (ray.nodes()) that are not loopback ones."""
+    hosts = {gcs_address.rsplit(":", 1)[0].strip("[]"), *(n["NodeManagerAddress"] for n in nodes)}
+    return sorted(h for h in hosts if not ipaddress.ip_address(h).is_loopback)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One real local Ray cluster per test session, on loopback, with 2 CPUs: the Ray tests share it (they are
-    one xdist group, so under `make test` one worker starts it). Yields its address for driver subprocesses."""
+    one xdist group, so under `make test` one worker starts it). Yields its address for driver subprocesses.
+
+    Ray binds the machine's interface address whatever _node_ip_address asks; tests/loopback.sh (the Makefile's
+    test recipes) runs pytest where only loopback is up. The cluster's address is checked: a non-loopback one
+    fails the Ray tests, or only warns where loopback.sh could not isolate the run (SPCLI_NETNS=shared: why)."""
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING",
              log_to_driver=False)
     try:
-        yield ray.get_runtime_context().gcs_address
+        address = ray.get_runtime_context().gcs_address
+        off = not_loopback(address, ray.nodes())
+        if off:
+            netns = os.environ.get("SPCLI_NETNS", "")
+            message = (f"the test Ray cluster (GCS {address}) is on {', '.join(off)}, not loopback: run pytest "
+                       f"through tests/loopback.sh as root (SPCLI_NETNS={netns!r})")
+            if not netns.startswith("shared"):
+                pytest.fail(message, pytrace=False)
+            warnings.warn(message, stacklevel=1)
+        yield address
     finally:
         ray.shutdown()
 
