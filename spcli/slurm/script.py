@@ -5,7 +5,8 @@ inputs itself (`spcli.slurm.tasks`). The script makes a task survive time limits
 
 - `--signal=B:USR1@<lead>` sends USR1 to the batch shell <lead> seconds before the time limit
   (and, with `SlurmctldParameters=preempt_send_user_signal`, when the job is preempted). The
-  shell forwards USR1 and TERM to the srun step; spcli commits what it finished and exits 75.
+  shell forwards USR1 and TERM to the srun step (within a second: it polls srun rather than
+  `wait` on it, see the script); spcli commits what it finished and exits 75.
 - On exit 75 the task requeues itself (`scontrol requeue JOB_TASK`) while SLURM_RESTART_COUNT
   < max_requeues and the job is still RUNNING; a job being cancelled (`scancel`) or killed is
   never requeued, so a 75 caused by scancel's TERM does not bring the task back.
@@ -183,8 +184,13 @@ echo "spcli-slurm: task $job attempt $((restarts + 1)) on $host at $(date -u +%F
 srun {srun_args} &
 pid=$!
 if [ -n "$pending" ]; then kill -s "$pending" "$pid" 2>/dev/null; fi
-# A trapped signal cuts `wait` short with status 128+n; bash keeps srun's own status for the
-# next `wait`, even when srun has exited meanwhile: wait again.
+# No `wait` while srun runs: when a trapped signal comes as `wait` reaps srun, bash drops srun's
+# status (its longjmp out of `wait` skips the bookkeeping), and the next `wait` says -1. Slurm
+# signals this shell just as srun exits when it ends a job. A foreground sleep is not cut short by
+# a trap (the trap runs after it, within 1 s), and bash records srun's status as it reaps it then.
+# The group's 2>/dev/null drops bash's "Terminated" when Slurm's TERM kills the sleep.
+while kill -0 "$pid" 2>/dev/null; do {{ sleep 1; }} 2>/dev/null; done
+# srun is gone and its status kept: a trap can still cut `wait` short (128+n); wait again.
 while :; do
   interrupted=0
   wait "$pid"
@@ -195,12 +201,10 @@ done
 action=failed
 if [ "$code" -eq 0 ]; then
   action="done"
-elif [ "$code" -eq {resumable} ] || {{ [ "$signalled" = 1 ] && {{ [ "$code" -gt 128 ] || [ "$code" -lt 0 ]; }}; }}; then
+elif [ "$code" -eq {resumable} ] || {{ [ "$signalled" = 1 ] && [ "$code" -gt 128 ]; }}; then
   # scancel and kills also end in 75 (spcli commits on TERM); only a RUNNING job is requeued.
   # A signal that reaches spcli outside its handler (Python still starting, or already exiting)
-  # kills it: srun exits 128+n. Nothing is ever half committed, so that resumes like 75. A
-  # preemption's TERM and CONT can also leave bash's `wait` with srun's status lost (-1, seen once
-  # while srun logged exit 75): after a forwarded signal, that too resumes.
+  # kills it: srun exits 128+n. Nothing is ever half committed, so that resumes like 75.
   state=$(squeue --noheader --jobs="$job" --format=%T 2>/dev/null)
   if [ "$restarts" -ge "$max_requeues" ]; then
     action=gave-up

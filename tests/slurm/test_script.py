@@ -114,9 +114,15 @@ def test_render_rejects(inputs, out, run_args, message):
 # --- the script's logic, run here with stand-ins for srun, squeue and scontrol
 
 FAKE_SPCLI = r"""#!/bin/bash
-# Exits $FAKE_EXIT, or with FAKE_EXIT=wait waits for USR1/TERM and exits 75.
+# Exits $FAKE_EXIT, or with FAKE_EXIT=wait waits for USR1/TERM and exits 75, or with FAKE_EXIT=term
+# writes its pid and exits 75 the moment TERM comes.
 out='' prev=''
 for arg in "$@"; do [ "$prev" = --out ] && out=$arg; prev=$arg; done
+if [ "$FAKE_EXIT" = term ]; then
+  trap 'kill "$!" 2>/dev/null; exit 75' TERM
+  echo $$ >"$out/pid"
+  while :; do sleep 5 </dev/null >/dev/null 2>&1 & wait $!; done
+fi
 if [ "$FAKE_EXIT" != wait ]; then exit "$FAKE_EXIT"; fi
 got=''
 trap 'got=USR1' USR1
@@ -135,17 +141,16 @@ FAKE_TOOLS = {
 
 @pytest.fixture
 def fake_slurm(tmp_path):
-    """Run a rendered script outside Slurm: returns run(fake_exit, restarts, state) -> Popen."""
+    """Run a rendered script outside Slurm: returns run(fake_exit, restarts, state, out) -> Popen."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in {**FAKE_TOOLS, "spcli": FAKE_SPCLI}.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    out = tmp_path / "out"
     options = SubmitOptions(tasks=8, gpus_per_task=0, max_requeues=2, spcli=str(bin_dir / "spcli"))
-    script = write_script(out, render_sbatch(options, ["a.jsonl"], out, ()))
 
-    def run(fake_exit, restarts=None, state="RUNNING", **extra_env):
+    def run(fake_exit, restarts=None, state="RUNNING", out=tmp_path / "out", **extra_env):
+        script = write_script(out, render_sbatch(options, ["a.jsonl"], out, ()))
         env = {**os.environ, **extra_env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_EXIT": str(fake_exit),
                "FAKE_STATE": state, "FAKE_LOG": str(tmp_path / "calls.log"), "SLURM_ARRAY_TASK_ID": "4",
                "SLURM_ARRAY_JOB_ID": "123", "SLURM_JOB_ID": "127", "SLURMD_NODENAME": "node7"}
@@ -154,7 +159,7 @@ def fake_slurm(tmp_path):
         return subprocess.Popen(["bash", str(script)], env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
-    run.out = out
+    run.out = tmp_path / "out"
     run.calls = lambda: (tmp_path / "calls.log").read_text().splitlines() if (tmp_path / "calls.log").exists() else []
     return run
 
@@ -197,6 +202,26 @@ def test_signal_to_the_batch_shell_reaches_spcli(fake_slurm, signal_):
     assert (fake_slurm.out / "signal").read_text().strip() == signal_.name.removeprefix("SIG")
     assert proc.returncode == 75, output
     assert "scontrol requeue 123_4" in fake_slurm.calls()
+
+
+def test_srun_status_survives_a_signal_as_srun_exits(fake_slurm):
+    # Slurm ending a job TERMs the step, then the batch shell just as srun exits. A `wait` on srun
+    # that a trap cut short as it reaped srun lost its status: exit -1, logged as failed. A race, so
+    # twelve tasks at once: with `wait` on srun, about a quarter of them lost it here.
+    outs = [fake_slurm.out / str(i) for i in range(12)]
+    procs = [fake_slurm("term", out=out) for out in outs]
+    for out, proc in zip(outs, procs):
+        deadline = time.monotonic() + 20
+        while not (out / "pid").exists() or not (out / "pid").read_text().strip():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, f"no pid in {out / 'pid'} after 20 s"
+            time.sleep(0.01)
+        os.kill(int((out / "pid").read_text()), signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+    for out, proc in zip(outs, procs):
+        output, _ = proc.communicate(timeout=30)
+        assert [(a.exit, a.action) for a in read_attempts(out)[4]] == [(75, "requeue")], output
+        assert proc.returncode == 75, output
 
 
 # --- SubmitOptions validation
