@@ -53,5 +53,8 @@ fi
 
 SPCLI_NETNS=loopback
 export SPCLI_NETNS
-exec unshare -n sh -c 'ip link set lo up || { echo "loopback.sh: cannot bring lo up in the namespace" >&2; exit 1; }
+# lo gets a second address, 127.0.0.2: glibc's getaddrinfo(AI_ADDRCONFIG) counts no IPv4 address where 127.0.0.1
+# is the only one, and slurmdbd's listening socket asks for IPv4 that way ("Name or service not known", then exit)
+exec unshare -n sh -c 'ip link set lo up && ip addr add 127.0.0.2/8 dev lo ||
+    { echo "loopback.sh: cannot bring lo up in the namespace" >&2; exit 1; }
 exec "$@"' loopback.sh "$@"
