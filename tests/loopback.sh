@@ -11,7 +11,9 @@
 # why. Nothing inside the namespace reaches PyPI or the Debian archive: installs happen before (the Makefile's
 # prerequisites). The command sees SPCLI_NETNS: `loopback` inside the namespace, `shared: <why>` where it runs
 # as is; tests/conftest.py's ray_cluster fails on a non-loopback Ray address unless it says `shared`.
-# Daemons a test leaves running (SLURM_CI_KEEP=1) stay in the namespace: reachable only from inside it.
+# Daemons stay in the namespace they started in: a Slurm cluster a run leaves up (SLURM_CI_KEEP=1, a killed run)
+# is reachable only from there, and one up outside cannot be reached from inside (its `tests/slurm/cluster.sh up`
+# times out); `tests/slurm/cluster.sh down`, from anywhere, stops it.
 set -eu
 
 if [ "$#" = 0 ]; then
