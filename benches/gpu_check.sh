@@ -6,9 +6,9 @@
 # benches/gpu_check_hf.sh (docs/gpu-check.md).
 #
 # --engine vllm on one CUDA GPU, sized for an H200 (141 GB), in under 10 minutes:
-#   1. tests on CUDA: the vLLM parity tests (tests/test_vllm_engine.py: gapped positions vs transformers,
-#      chunked prefill, prefix-cache salt, refusals), the start-up check (tests/test_vllm_startup.py: no
-#      CUDA runtime call before vLLM forks), the plan (tests/test_plan*.py, tests/test_vllm_args.py), and
+#   1. tests on CUDA: the vLLM parity tests (tests/test_engines_vllm_driver_engine.py: gapped positions vs transformers,
+#      chunked prefill, prefix-cache salt, refusals), the start-up check (tests/test_engines_vllm_startup.py: no
+#      CUDA runtime call before vLLM forks), the plan (tests/test_plan*.py, tests/test_engines_vllm_driver_args.py), and
 #      the scoring kernel compiled for the GPU against its reference in bf16 (tests/test_kernels_score*.py,
 #      TRITON_INTERPRET unset);
 #   2. `spcli run --engine vllm` end to end, a real start-up on CUDA (fork safety for real), with a
@@ -54,8 +54,8 @@ fi
 
 KERNEL_TESTS=""
 [ "$SCALE" = full ] && KERNEL_TESTS="tests/test_kernels_score.py tests/test_kernels_score_triton.py"
-(unset TRITON_INTERPRET; timeout 180 "$PY" -m pytest tests/test_vllm_engine.py tests/test_vllm_args.py \
-  tests/test_vllm_startup.py tests/test_plan.py tests/test_plan_memory.py tests/test_plan_shapes.py $KERNEL_TESTS \
+(unset TRITON_INTERPRET; timeout 180 "$PY" -m pytest tests/test_engines_vllm_driver_engine.py tests/test_engines_vllm_driver_args.py \
+  tests/test_engines_vllm_startup.py tests/test_plan.py tests/test_plan_memory.py tests/test_plan_shapes.py $KERNEL_TESTS \
   -q -p no:cacheprovider -rs -k "not speculator_shape and not smollm2") 2>&1 | tee "$OUT/tests.txt"
 tests_rc=${PIPESTATUS[0]}  # (tests that need the SmolLM2 tokenizer skip or are deselected: it is not there)
 
@@ -234,7 +234,7 @@ def main(dest: Path, shape: dict, argv: list[str]) -> None:
     import vllm_ttft
     from transformers import LlamaConfig
 
-    import spcli.engine.vllm_pass as vllm_pass
+    import spcli.engines.vllm.driver.base_pass as vllm_pass
 
     dest.mkdir(parents=True)  # build_model for its tokenizer; the weights come from load_format="dummy"
     tiny = dict(shape, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

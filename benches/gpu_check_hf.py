@@ -40,6 +40,7 @@ sys.path.insert(1, str(ROOT))  # spcli from this checkout, installed or not (the
 from gpu_check_hf_report import assemble, summary_lines  # noqa: E402
 from gpu_check_hf_steps import SCALES  # noqa: E402
 STEPS_SCRIPT = Path(__file__).resolve().parent / "gpu_check_hf_steps.py"
+RUN_SCRIPT = Path(__file__).resolve().parent / "gpu_check_hf_run.py"
 PACKAGES = ("torch", "transformers", "triton", "tokenizers", "safetensors", "accelerate", "pyarrow", "numpy",
             "typer", "orjson", "pytest")
 # seconds per step, within the deadline; the longest step at full scale is the keep-0.1 run (128k prompt)
@@ -125,8 +126,8 @@ def steps_for(scale: str, work: Path, out: Path) -> list[tuple[str, list[str], P
     pytest = [py, "-m", "pytest", *PYTEST_FILES, "-q", "-p", "no:cacheprovider", "-rs", "-k", PYTEST_SELECT[scale]]
     return [("kernel", [py, steps, "kernel", str(work), scale], out / "log.txt"),
             ("build", [py, steps, "build", str(work), scale], out / "log.txt"),
-            ("run_1.0", [py, steps, "run", str(work), scale, "1.0"], out / "log.txt"),
-            ("run_0.1", [py, steps, "run", str(work), scale, "0.1"], out / "log.txt"),
+            ("run_1.0", [py, str(RUN_SCRIPT), str(work), scale, "1.0"], out / "log.txt"),
+            ("run_0.1", [py, str(RUN_SCRIPT), str(work), scale, "0.1"], out / "log.txt"),
             ("pytest", pytest, out / "pytest.txt")]
 
 

@@ -1,7 +1,7 @@
 """The `run` step of benches/gpu_check_hf.py: `spcli run --engine hf` as a user runs it, measured from outside.
 
 The CLI's own `main` runs in this process, so that the CUDA allocator's statistics can be read around
-it. One probe wraps `spcli.engine.prepare.speculate_prompts` (the speculator loop every engine calls,
+it. One probe wraps `spcli.stages.prepare.speculate_prompts` (the speculator loop every engine calls,
 left to do its work unchanged) to time each call and to read its peak: the peak is reset when the
 call starts, and what it adds to the memory held then, plus the speculator's weights, is the
 speculator's peak (what the plan's reserve sizes). TTFT and the rows come from the run's own output
@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_check_hf_steps import EOS_ID, MIN_TOKENS, PROFILE_ROWS, Scale, score_config, shards, write_json
-from spcli.config import PAPER_CHUNK, PAPER_SCORE
+from gpu_check_hf_steps import EOS_ID, MIN_TOKENS, PROFILE_ROWS, SCALES, Scale, score_config, shards, write_json
+from spcli.config.scoring import PAPER_CHUNK, PAPER_SCORE
 
 SCORING_KERNELS = ("_softmax_stats_kernel", "_pooled_max_kernel")  # spcli/kernels/score_triton.py
 
@@ -28,7 +28,7 @@ class Probe:
     def __init__(self):
         import torch
 
-        import spcli.engine.prepare as prepare
+        import spcli.stages.prepare as prepare
 
         self.calls: list[dict] = []
         self.peak = 0  # the process's peak allocated bytes, across the resets below
@@ -110,8 +110,8 @@ def profile_speculator(work: Path, scale: Scale) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from spcli.engine.load import load_causal_lm
-    from spcli.engine.speculate import speculate_batch
+    from spcli.models.load import load_causal_lm
+    from spcli.stages.speculate import speculate_batch
 
     device = torch.device(scale.device)
     model = load_causal_lm(work / "speculator", scale.dtype, device).model
@@ -166,3 +166,7 @@ def run_step(work: Path, scale: Scale, keep: float) -> None:
             result["profile_error"] = f"{type(e).__name__}: {e}"
     write_json(work / f"run_{keep:g}.json", result)
     sys.exit(code or ("profile_error" in result))
+
+
+if __name__ == "__main__":
+    run_step(Path(sys.argv[1]), SCALES[sys.argv[2]], float(sys.argv[3]))

@@ -4,7 +4,7 @@
                                                                    reference (parity and time), a plain matmul's rate
     python3 benches/gpu_check_hf_steps.py build WORK SCALE        random-weight models from configs, prompt shards,
                                                                    the plan's numbers for the same shapes (parts 2, 3)
-    python3 benches/gpu_check_hf_steps.py run WORK SCALE KEEP     `spcli run --engine hf` on the shards; at keep < 1
+    python3 benches/gpu_check_hf_run.py WORK SCALE KEEP           `spcli run --engine hf` on the shards; at keep < 1
                                                                    also one profiled speculator pass
 
 Each writes WORK/<step>.json (run: WORK/run_<keep>.json); the driver reads them. SCALES holds what differs
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from spcli.config import PAPER_CHUNK, PAPER_SCORE
+from spcli.config.scoring import PAPER_CHUNK, PAPER_SCORE
 from spcli.plan.configs import SHIPPED_CONFIGS
 
 KEEP = 0.1
@@ -85,7 +85,7 @@ def shards(scale: Scale, keep: float) -> list[tuple[str, int, int]]:
 
 
 def score_config(scale: Scale):
-    from spcli.config import ScoreConfig
+    from spcli.config.scoring import ScoreConfig
 
     return ScoreConfig(**PAPER_SCORE, impl=scale.score_impl)  # the paper's recipe: look-ahead 8, every layer
 
@@ -231,8 +231,8 @@ def plan_numbers(work: Path, scale: Scale) -> dict:
     """spcli plan's formulas on the built folders: the FLOP limit per timed case, the speculator's reserve."""
     from dataclasses import asdict
 
-    from spcli.config import SelectConfig
-    from spcli.engine.select import num_forced, target
+    from spcli.config.scoring import SelectConfig
+    from spcli.stages.select import num_forced, target
     from spcli.plan.flops import prefill_flops, speedup_limit, speculator_flops
     from spcli.plan.memory import speculator_reserve
     from spcli.plan.shapes import DTYPE_BYTES, ModelShape
@@ -277,9 +277,4 @@ def build_step(work: Path, scale: Scale) -> None:
 
 if __name__ == "__main__":
     step, work, scale_name = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    if step == "run":
-        from gpu_check_hf_run import run_step
-
-        run_step(work, SCALES[scale_name], float(sys.argv[4]))
-    else:
-        {"kernel": kernel_step, "build": build_step}[step](work, SCALES[scale_name])
+    {"kernel": kernel_step, "build": build_step}[step](work, SCALES[scale_name])

@@ -38,7 +38,7 @@ def build_model(dest: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from spcli.models import locate
+    from spcli.models.lookup import locate
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -74,13 +74,14 @@ def build_shard(path: Path, rows: int, prompt_chars: int, row_group_rows: int) -
 
 def child(args) -> None:
     """One measured run in this process; prints a JSON line."""
-    import spcli.batch as batch
-    import spcli.engine.hf as hf
-    import spcli.engine.prepare as prepare
-    import spcli.run
-    from spcli.config import GenerateConfig, RunConfig, SelectConfig
-    from spcli.progress import Progress
-    from spcli.run import run
+    import spcli.job.batch as batch
+    import spcli.engines.hf.engine as hf
+    import spcli.stages.prepare as prepare
+    import spcli.job.run
+    from spcli.config.run import GenerateConfig, RunConfig
+    from spcli.config.scoring import SelectConfig
+    from spcli.job.progress import Progress
+    from spcli.job.run import run
 
     spent = {"model": 0.0, "engine": 0.0, "load": 0.0}
 
@@ -96,7 +97,7 @@ def child(args) -> None:
     hf.hf_pass.generate = timed("model", hf.hf_pass.generate)
     prepare.speculate = timed("model", prepare.speculate)
     batch.run_batch = timed("engine", batch.run_batch)
-    spcli.run.run_batch = batch.run_batch
+    spcli.job.run.run_batch = batch.run_batch
     hf.HFEngine.__init__ = timed("load", hf.HFEngine.__init__)
     cfg = RunConfig(inputs=(args.shard,), out=args.out, model=args.model, dtype="float32", batch_size=args.batch_size,
                     fresh=True, select=SelectConfig(keep=0.1, min_tokens=args.min_tokens), generate=GenerateConfig(max_tokens=1))
@@ -112,7 +113,7 @@ def child(args) -> None:
 
 def rss_after_load(model: str) -> float:
     """Peak RSS of a process that only imports spcli and loads the engine (the fixed cost)."""
-    code = ("import resource; from spcli.config import RunConfig; from spcli.engine.hf import HFEngine; "
+    code = ("import resource; from spcli.config.run import RunConfig; from spcli.engines.hf.engine import HFEngine; "
             f"HFEngine(RunConfig(inputs=('x',), out='x', model={model!r}, dtype='float32')); "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1])

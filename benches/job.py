@@ -9,7 +9,7 @@ template) as one JSONL shard, then one process each, one after the other, timed 
 
     plain vLLM      this script's --plain mode: `LLM.generate` of all N token-id prompts at once, full
                     prefill, the dtype and engine settings `spcli run --engine vllm` gives its base
-                    (spcli.engine.vllm_args), the same stop tokens, every CPU bound and malloc keeping freed memory, as
+                    (spcli.engines.vllm.driver.args), the same stop tokens, every CPU bound and malloc keeping freed memory, as
                     spcli's vLLM processes get them (vllm_args.cpu_env_defaults)
     spcli ENGINE    `spcli run SHARD --out DIR --engine ENGINE --keep K --max-tokens M`, every other flag at its
                     default (--model/--speculator only where given), per --engines entry
@@ -38,7 +38,7 @@ PLAIN = "plain vLLM"
 
 def bind_cpus(tp: int = 1) -> None:
     """vLLM's CPU build bound to every CPU, as `spcli run --engine vllm` binds it (unset variables only)."""
-    from spcli.engine.vllm_args import cpu_env_defaults
+    from spcli.engines.vllm.driver.args import cpu_env_defaults
 
     for key, value in cpu_env_defaults(tp).items():
         os.environ.setdefault(key, value)
@@ -47,8 +47,8 @@ def bind_cpus(tp: int = 1) -> None:
 def plain_llm_kwargs(model: str, path: Path, dtype: str | None = "auto", is_cpu: bool = True) -> dict:
     """LLM(...) arguments for plain vLLM with the engine settings `spcli run --engine vllm` gives its base
     (the dtype as spcli resolves `dtype` for the vllm engine), without spcli's worker."""
-    from spcli.config import RunConfig
-    from spcli.engine.vllm_args import engine_args
+    from spcli.config.run import RunConfig
+    from spcli.engines.vllm.driver.args import engine_args
 
     args = engine_args(RunConfig(inputs=("-",), out="-", model=model, engine="vllm", dtype=dtype), path, is_cpu)
     extra = args.pop("engine_kwargs")
@@ -61,12 +61,12 @@ def plain(shard: Path, out: Path, model: str, max_tokens: int, dtype: str) -> No
     from vllm import LLM, SamplingParams, TokensPrompt
     from vllm.platforms import current_platform
 
-    from spcli import models
-    from spcli.engine.load import eos_ids_of, load_tokenizer
-    from spcli.engine.tokenize import tokenize
+    from spcli.models import lookup
+    from spcli.models.files import eos_ids_of, load_tokenizer
+    from spcli.stages.tokenize import tokenize
     from spcli.io.records import Record
 
-    path = models.locate(model)
+    path = lookup.locate(model)
     kwargs = plain_llm_kwargs(model, path, dtype, is_cpu=current_platform.is_cpu())
     llm = LLM(**kwargs)
     tokenizer = load_tokenizer(path)
@@ -82,11 +82,11 @@ def plain(shard: Path, out: Path, model: str, max_tokens: int, dtype: str) -> No
 
 def make_shard(model: str, n: int, length: int, seed: int, path: Path) -> dict[str, tuple[str, ...]]:
     """N needle prompts as JSONL records at `path`; returns each id's answers."""
-    from spcli import models
-    from spcli.engine.load import load_tokenizer
+    from spcli.models import lookup
+    from spcli.models.files import load_tokenizer
     from spcli.evaluate.tasks import generate
 
-    examples = generate("niah", load_tokenizer(models.locate(model)), length, n, seed)
+    examples = generate("niah", load_tokenizer(lookup.locate(model)), length, n, seed)
     path.write_text("".join(json.dumps({"id": ex.id, "messages": ex.messages}) + "\n" for ex in examples))
     return {ex.id: ex.answers for ex in examples}
 

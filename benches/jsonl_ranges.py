@@ -48,8 +48,8 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/spcli-bench-jsonl-ranges")
     args = ap.parse_args()
 
-    from spcli.config import FieldConfig
-    from spcli.io.records import Shard
+    from spcli.config.run import FieldConfig
+    from spcli.io.shards import Shard
     from spcli.ray.pieces import split
     from spcli.ray.slots import Slots
 

@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from spcli import models
-from spcli.engine.load import load_tokenizer
+from spcli.models import lookup
+from spcli.models.files import load_tokenizer
 from spcli.evaluate.tasks import generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    tokenizer = load_tokenizer(models.locate(args.model))
+    tokenizer = load_tokenizer(lookup.locate(args.model))
     rows = [{"id": ex.id, "messages": ex.messages} for ex in generate("niah", tokenizer, args.length, args.needles, args.seed)]
     rows += [{"id": f"summarise-{i}", "messages": m} for i, m in enumerate(summaries(tokenizer, args.length, args.essays, args.seed))]
     with open(args.out, "w") as f:

@@ -3,7 +3,7 @@
 One early-exit speculator pass per prompt at the model's default scoring (smollm2-135m: self, layer 14,
 window 32, pool 31, rows max, chunk 8); from its captured rows the importance pooled as `spcli run` pools it
 and unpooled (pool 1), each with the mean and the max over rows. Then keep auto's budget under its criterion,
-spcli.engine.select.auto_budget (perplexity: --keep-scale x the effective number of chunks above the median;
+spcli.stages.select.auto_budget (perplexity: --keep-scale x the effective number of chunks above the median;
 `spcli run --keep auto` applies it to the unpooled importance with the model's rows), at several scales, and
 under candidates that live only here (median / plain: the fewest best chunks holding a share of the mass
 above the chunks' median or of the plain mass, the criteria before; outlier: the chunks z MADs above the
@@ -24,15 +24,15 @@ import json
 import random
 import statistics
 
-from spcli import profiles
+from spcli.models import profiles
 import torch
 
 from spcli.calibrate.layers import window_importance
-from spcli.config import KEEP_SCALE, ScoreConfig, SelectConfig
-from spcli.engine.capture import QueryCapture
-from spcli.engine.load import decoder_prefix, load_stack
-from spcli.engine.select import auto_budget, budget, chunk_masses, clamp_budget, forced_mask
-from spcli.engine.tokenize import tokenize
+from spcli.config.scoring import KEEP_SCALE, ScoreConfig, SelectConfig
+from spcli.models.capture import QueryCapture
+from spcli.models.load import decoder_prefix, load_stack
+from spcli.stages.select import auto_budget, budget, chunk_masses, clamp_budget, forced_mask
+from spcli.stages.tokenize import tokenize
 from spcli.evaluate.tasks import Filler, generate
 from spcli.io.records import Record
 

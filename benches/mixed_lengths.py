@@ -18,11 +18,13 @@ from pathlib import Path
 
 import torch
 
-from spcli.config import RunConfig, ScoreConfig, SelectConfig
-from spcli.engine import hf_pass
-from spcli.engine.load import load_stack
-from spcli.engine.prepare import prune
-from spcli.engine.request import PrunedRequest
+from spcli.config.run import RunConfig
+
+from spcli.config.scoring import ScoreConfig, SelectConfig
+from spcli.engines.hf import base_pass as hf_pass
+from spcli.models.load import load_stack
+from spcli.stages.prepare import prune
+from spcli.stages.request import PrunedRequest
 
 TINY = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=2)
@@ -31,7 +33,7 @@ TINY = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_
 def tiny_model(dest: Path) -> str:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from spcli.models import locate
+    from spcli.models.lookup import locate
 
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(**TINY)).save_pretrained(dest)

@@ -42,9 +42,9 @@ def child(n: int, chunk: int, shape: dict, layer: int, dtype: str) -> dict:
     import torch
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-    import spcli.engine.speculate as speculate
-    from spcli.config import ScoreConfig
-    from spcli.engine import capture
+    import spcli.stages.speculate as speculate
+    from spcli.config.scoring import ScoreConfig
+    from spcli.models import capture
 
     torch.manual_seed(0)
     torch.set_default_dtype(getattr(torch, dtype))  # built in its dtype: no fp32 copy raises the baseline peak
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
                          "the OS at once, so RSS shows what is held, not heap left by growing buffers")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from spcli.engine.capture import block_rows
+    from spcli.models.capture import block_rows
 
     if args.child:
         print(json.dumps(child(*json.loads(args.child))))

@@ -56,9 +56,9 @@ def timed(fn):
 
 def profile_row(rec, cfg, stack, engine, full: dict) -> dict:
     """One record through the stages, timed; `full` caches the record's full-prefill timing across variants."""
-    from spcli.engine.prepare import prune, request_for
-    from spcli.engine.select import is_pruned, select_tokens
-    from spcli.engine.tokenize import tokenize
+    from spcli.stages.prepare import prune, request_for
+    from spcli.stages.select import is_pruned, select_tokens
+    from spcli.stages.tokenize import tokenize
 
     req, t_tok = timed(lambda: request_for(rec, cfg, stack))
     row = {"n": req.num_prompt_tokens, "tokenize": t_tok, "speculate": 0.0, "select": 0.0}
@@ -111,22 +111,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="also append the table to this file")
     args = ap.parse_args(argv)
 
-    from spcli.config import RunConfig, SelectConfig
+    from spcli.config.run import RunConfig
+
+    from spcli.config.scoring import SelectConfig
     from spcli.evaluate.tasks import expand_tasks, generate
     from spcli.io.records import Record
 
     cfg = RunConfig(inputs=("-",), out="-", model=args.model, speculator=args.speculator, engine=args.engine,
                     select=SelectConfig(keep=args.keep))
     if args.engine == "vllm":
-        from spcli.engine.vllm_args import cpu_env_defaults
-        from spcli.engine.vllm_engine import VllmEngine
+        from spcli.engines.vllm.driver.args import cpu_env_defaults
+        from spcli.engines.vllm.driver.engine import VllmEngine
 
         for key, value in cpu_env_defaults(1).items():
             os.environ.setdefault(key, value)
         engine = VllmEngine(cfg)
         engine.runner  # started before anything is timed
     else:
-        from spcli.engine.hf import HFEngine
+        from spcli.engines.hf.engine import HFEngine
 
         engine = HFEngine(cfg)
     stack, cfg = engine.stack, engine.cfg

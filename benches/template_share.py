@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from spcli.config import RunConfig, SelectConfig
-from spcli.engine.load import load_stack
-from spcli.engine.prepare import prepare
-from spcli.engine.select import forced_mask
+from spcli.config.run import RunConfig
+
+from spcli.config.scoring import SelectConfig
+from spcli.models.load import load_stack
+from spcli.stages.prepare import prepare
+from spcli.stages.select import forced_mask
 from spcli.io.read import read_records
-from spcli.io.records import discover
-from spcli.profiles import resolve
+from spcli.io.shards import discover
+from spcli.models.profiles import resolve
 
 
 def template_mask(ids: list[int], tokenizer) -> list[bool]:

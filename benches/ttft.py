@@ -20,7 +20,7 @@ import sys
 from spcli.benchmark.config import BenchConfig
 from spcli.benchmark.report import write_outputs
 from spcli.benchmark.run import run_bench
-from spcli.config import PAPER_SCORE, ScoreConfig, SelectConfig
+from spcli.config.scoring import PAPER_SCORE, ScoreConfig, SelectConfig
 
 PAPER = ScoreConfig(**PAPER_SCORE)
 SETTINGS = (("smollm2-135m", "self", ScoreConfig()), ("smollm2-135m", "self", PAPER), ("random-405b", "random-8b", ScoreConfig()))

@@ -44,14 +44,15 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from spcli.benchmark.stages import make_prompts
-    from spcli.config import RunConfig, SelectConfig, VllmConfig
-    from spcli.device import pick_device
-    from spcli.engine import load
-    from spcli.engine.prepare import prune
-    from spcli.engine.request import PrunedRequest
-    from spcli.engine.vllm_args import cpu_env_defaults
-    from spcli.engine.vllm_engine import VllmEngine
-    from spcli.profiles import resolve
+    from spcli.config.run import RunConfig, VllmConfig
+    from spcli.config.scoring import SelectConfig
+    from spcli.models.device import pick_device
+    from spcli.models import load
+    from spcli.stages.prepare import prune
+    from spcli.stages.request import PrunedRequest
+    from spcli.engines.vllm.driver.args import cpu_env_defaults
+    from spcli.engines.vllm.driver.engine import VllmEngine
+    from spcli.models.profiles import resolve
 
     for key, value in cpu_env_defaults(args.tp or 1).items():
         os.environ.setdefault(key, value)
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     stack = load.load_stack(args.model, args.speculator, args.dtype, "cpu", with_base=False, needs_speculator=False)
     cfg = resolve(cfg, args.model, stack.path, stack.speculator_name)
     if args.load_format:
-        import spcli.engine.vllm_pass as vllm_pass
+        import spcli.engines.vllm.driver.base_pass as vllm_pass
 
         config = vllm_pass.VllmRunnerConfig
         vllm_pass.VllmRunnerConfig = lambda **kw: config(

@@ -88,8 +88,8 @@ def run(
     import torch
     from transformers import AutoTokenizer
 
-    from spcli.engine.request import PrunedRequest
-    from spcli.engine.vllm_pass import VllmRunner, VllmRunnerConfig
+    from spcli.stages.request import PrunedRequest
+    from spcli.engines.vllm.driver.base_pass import VllmRunner, VllmRunnerConfig
 
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 30000) for _ in range(n)] for _ in range(batch)]

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from spcli.config import RunConfig
+from spcli.config.run import RunConfig
 from spcli.errors import ConfigError
 
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)
@@ -76,12 +76,18 @@ def _nullable(section: str | None) -> set[str]:
 def run(inputs: str | Path | Iterable[str | Path], out: str | Path, progress=None, **flags):
     """Run a job, as `spcli run` does: resumable, exactly once, outputs in `out`. Returns its RunSummary.
 
-    progress: a `spcli.progress.Progress` (the CLI passes one); None = plain progress lines on a terminal.
+    progress: a `spcli.job.progress.Progress` (the CLI passes one); None = plain progress lines on a terminal.
     Raises SpcliError subclasses (ConfigError, InputError, OutputError...) with the CLI's messages, and
     `spcli.errors.Interrupted` after committing what was finished when SIGINT/SIGTERM/SIGUSR1 arrived."""
-    from spcli.run import run as run_job
+    cfg = run_config(inputs, out, **flags)
+    # imported here, not at the top: the job pulls in torch and transformers, which `spcli --help` never needs
+    if cfg.ray is not None:
+        from spcli.ray.driver import run_on_ray  # a pool of actors, each running spcli.job.run.run on its share
 
-    return run_job(run_config(inputs, out, **flags), progress)
+        return run_on_ray(cfg, progress)
+    from spcli.job.run import run as run_job
+
+    return run_job(cfg, progress)
 
 
 def prefill(records: list[dict], **flags) -> list[dict]:

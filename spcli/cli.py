@@ -7,10 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import KEEP_SCALE, MAX_UNIT, MAX_PRUNE_COST, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK
-from spcli import help_panels
-from spcli.device import nvml_device_checks
+from spcli.commands import panels as help_panels
+from spcli.config.scoring import KEEP_SCALE, MAX_PRUNE_COST, MAX_UNIT, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK
 from spcli.errors import EXIT_FAILURE, SpcliError
+from spcli.models.device import nvml_device_checks
 
 app = typer.Typer(
     help="Offline bulk LLM prefill with Speculative Prefill (arXiv:2502.02789).\n\n"
@@ -79,7 +79,7 @@ def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="DEBUG log lines (as --log-level DEBUG).")] = False,
     log_json: Annotated[bool, typer.Option("--log-json", help="Log lines (progress included) as JSON objects, one per line.")] = False,
 ) -> None:
-    from spcli.progress import setup_logging
+    from spcli.job.progress import setup_logging
 
     STATE["debug"] = debug
     STATE["quiet"] = quiet
@@ -157,7 +157,7 @@ def run(
     flags = {k: v for k, v in locals().items() if k not in ("inputs", "out")}  # every other parameter is a RunConfig flag
     from spcli import api
     from spcli.errors import EXIT_INTERRUPTED, Interrupted
-    from spcli.progress import Progress
+    from spcli.job.progress import Progress
 
     try:
         s = api.run(inputs, out, Progress(quiet=STATE.get("quiet", False)), **flags)  # the Python API's own entry
@@ -171,7 +171,7 @@ def run(
 
 def done_line(s) -> str:
     """The last line of a run: totals over the directory, and this run's own figures when it resumed."""
-    from spcli.progress import keep_pct
+    from spcli.job.progress import keep_pct
 
     failed = f"{s.failed} failed"
     if s.failed:
@@ -195,7 +195,7 @@ def done_line(s) -> str:
 @app.command()
 def models() -> None:
     """List model names, what they resolve to, and whether their weights are on this machine."""
-    from spcli.models import BENCH_PAIR, PRESETS, availability, is_available
+    from spcli.models.lookup import BENCH_PAIR, PRESETS, availability, is_available
 
     typer.echo(f"{'name':<20} {'source':<42} {'speculator':<18} {'tp':>2} {'dtype':<13} available")
     for p in PRESETS.values():
@@ -211,8 +211,8 @@ def models() -> None:
 
 
 def _scoring(name: str, speculator: str) -> str:
-    from spcli import profiles
-    from spcli.models import local_folder
+    from spcli.models import profiles
+    from spcli.models.lookup import local_folder
 
     # a profile is keyed by the model folder's content: only a folder on this machine can have one
     d, source = profiles.score_defaults(name, local_folder(name), speculator)

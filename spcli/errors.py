@@ -59,3 +59,7 @@ class NotImplementedFeature(SpcliError):
     """A documented option whose implementation is not there yet."""
 
     exit_code = EXIT_USAGE
+
+
+class StopAtSafePoint(Exception):
+    """Raised inside a batch (after a first SIGINT) at a point where dropping the batch is safe."""

@@ -1,5 +1,5 @@
 """Counting how often spcli's resolving functions run: each is wrapped where any spcli module holds it (its own
-module and every `from ... import` of it), and still does what it did. Used by test_resolved.py and test_vllm_run.py."""
+module and every `from ... import` of it), and still does what it did. Used by test_models_resolved.py and test_engines_vllm_run.py."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-RESOLVERS = {  # what a run resolves once (spcli/resolved.py): name -> (module, attribute)
-    "locate": ("spcli.models", "locate"),
-    "default_speculator": ("spcli.models", "default_speculator"),
-    "pick_device": ("spcli.device", "pick_device"),
-    "resolve_dtype": ("spcli.dtype", "resolve_dtype"),
-    "score_defaults": ("spcli.profiles", "score_defaults"),
+RESOLVERS = {  # what a run resolves once (spcli/models/resolved.py): name -> (module, attribute)
+    "locate": ("spcli.models.lookup", "locate"),
+    "default_speculator": ("spcli.models.lookup", "default_speculator"),
+    "pick_device": ("spcli.models.device", "pick_device"),
+    "resolve_dtype": ("spcli.models.dtype", "resolve_dtype"),
+    "score_defaults": ("spcli.models.profiles", "score_defaults"),
 }
 
 

@@ -19,7 +19,7 @@ from tiny_models import build_tiny
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    from spcli.models import locate
+    from spcli.models.lookup import locate
 
     return locate("smollm2-135m")
 

@@ -20,7 +20,7 @@ import pytest
 
 from spcli.cli import main
 from spcli.io import commit
-from test_run import ARGS, read_outputs
+from test_job_run import ARGS, read_outputs
 
 FAST = [*ARGS, "--max-tokens", "2"]
 
@@ -126,9 +126,9 @@ def test_bad_record_becomes_an_exact_error_row(matrix, case):
 
 
 def test_chat_content_as_openai_text_parts_reads_as_one_string(tmp_path):
-    from spcli.config import FieldConfig
+    from spcli.config.run import FieldConfig
     from spcli.io.read import read_records
-    from spcli.io.records import discover
+    from spcli.io.shards import discover
 
     src = tmp_path / "parts.jsonl"
     parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world."}]
@@ -161,8 +161,8 @@ def test_prompt_longer_than_the_context_is_an_error_row_by_default(matrix, tiny_
 
 def test_lower_max_tokens_is_suggested_only_where_it_makes_the_prompt_fit(tiny_dir):
     """Issue 31: a 48,540-token row was told to lower --max-tokens, which could never fit it."""
-    from spcli.engine.load import load_stack
-    from spcli.engine.tokenize import kept_positions
+    from spcli.models.load import load_stack
+    from spcli.stages.tokenize import kept_positions
     from spcli.errors import RecordError
 
     stack = load_stack(str(tiny_dir), "self:2", "float32", "cpu", with_base=False)

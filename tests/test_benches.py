@@ -52,9 +52,9 @@ def test_keep_auto_spread_bench_gives_every_criterion_a_rate_within_the_bounds(t
 
 
 def test_keep_auto_mixed_set_is_records_spcli_run_reads(tmp_path, tiny_dir):
-    from spcli.config import FieldConfig
+    from spcli.config.run import FieldConfig
     from spcli.io.read import read_records
-    from spcli.io.records import discover
+    from spcli.io.shards import discover
 
     out = tmp_path / "mixed.jsonl"
     proc = bench("keep_auto_mixed.py", "--model", str(tiny_dir), "--length", "400", "--out", str(out))
@@ -66,7 +66,7 @@ def test_keep_auto_mixed_set_is_records_spcli_run_reads(tmp_path, tiny_dir):
 
 
 def test_eval_pairs_bench_gives_the_paired_differences_of_the_journal_rows(tmp_path, tiny_dir):
-    from spcli.config import SelectConfig
+    from spcli.config.scoring import SelectConfig
     from spcli.evaluate.config import EvalConfig
     from spcli.evaluate.run import run_eval
 

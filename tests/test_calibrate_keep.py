@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from spcli.calibrate.keep import KeepForConfig, recommend, run_flags, sample_records
 from spcli.cli import app
-from spcli.config import FieldConfig, ScoreConfig, SelectConfig
+from spcli.config.run import FieldConfig
+from spcli.config.scoring import ScoreConfig, SelectConfig
 from spcli.errors import ConfigError
 
 

@@ -79,21 +79,21 @@ def test_no_option_name_is_cut_at_80_columns():
 
 
 def test_run_help_groups_every_option_in_a_panel():
-    from spcli.help_panels import ORDER
+    from spcli.commands.panels import ORDER
 
     res = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb"})
     assert res.exit_code == 0, res.output
     titles = [line.split("─ ", 1)[1].split(" ─")[0] for line in res.output.splitlines() if line.startswith("╭─ ")]
-    assert titles == ["Arguments", *ORDER, "Help"], f"an option of spcli run is in no panel (spcli/help_panels.py " \
+    assert titles == ["Arguments", *ORDER, "Help"], f"an option of spcli run is in no panel (spcli/commands/panels.py " \
                                                     f"PANELS): {titles}"
 
 
 def test_eval_bench_calibrate_help_groups_every_option_in_a_panel():
-    from spcli.help_panels import COMMAND_PANELS, ORDER
+    from spcli.commands.panels import COMMAND_PANELS, ORDER
 
     for name, (own, _) in COMMAND_PANELS.items():
         res = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb"})
         assert res.exit_code == 0, res.output
         titles = [line.split("─ ", 1)[1].split(" ─")[0] for line in res.output.splitlines() if line.startswith("╭─ ")]
         expected = [t for t in ["Arguments", own, *ORDER, "Help"] if t in titles]
-        assert titles == expected and own in titles, f"spcli {name}: an option is in no panel (spcli/help_panels.py): {titles}"
+        assert titles == expected and own in titles, f"spcli {name}: an option is in no panel (spcli/commands/panels.py): {titles}"

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spcli.cli import app
-from spcli.config import SelectConfig
+from spcli.config.scoring import SelectConfig
 from test_inspect_summary import ok_row, write_run
 from test_inspect_terminal import IMPORTANCE, KEPT, PROMPT, SELECT
 
@@ -64,7 +64,7 @@ def long_run(tmp_path, long_context_dir):
     """One 32768-token prompt, kept as the selection stage would keep it (10%, chunks of 32)."""
     import torch
 
-    from spcli.engine.select import select_tokens
+    from spcli.stages.select import select_tokens
 
     n = 32768
     words = random.Random(0).choices(WORDS, k=n)

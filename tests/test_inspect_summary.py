@@ -15,13 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from spcli import profiles
+from spcli.models import profiles
 from spcli.cli import app
-from spcli.config import PAPER_SCORE, RunConfig, SelectConfig
+from spcli.config.run import RunConfig
+from spcli.config.scoring import PAPER_SCORE, SelectConfig
 from spcli.errors import OutputError
 from spcli.io import commit
 from spcli.io.manifest import Manifest, ShardProgress, input_identity
-from spcli.io.records import Shard
+from spcli.io.shards import Shard
 from spcli.io.schema import RowResult, to_dict, to_table
 
 
@@ -169,7 +170,7 @@ def test_not_a_run_directory_and_unknown_id(tmp_path, known_run):
 
 def test_on_a_real_run(tmp_path, tiny_dir, write_jsonl):
     """`spcli run` with the tiny model, then inspect: the summary agrees with the rows, a row re-tokenises."""
-    from test_run import ARGS, prompt_rows, read_outputs
+    from test_job_run import ARGS, prompt_rows, read_outputs
 
     jl = write_jsonl(prompt_rows(3) + [{"id": "bad", "prompt": 7}])
     out = tmp_path / "run"
@@ -230,7 +231,7 @@ def test_time_saved_never_exceeds_the_measured_full_prefill(tmp_path, tiny_dir):
 def test_baseline_and_output_rates_on_measured_tiny_runs(tmp_path, tiny_dir, write_jsonl):
     """`spcli run` at keep 0.1 and at keep 1.0 on the same rows: with --baseline the full prefill is the keep-1.0
     run's measured base prefill, the saving never exceeds it; `done` and `inspect` give output tokens/s."""
-    from test_run import prompt_rows, read_outputs
+    from test_job_run import prompt_rows, read_outputs
 
     from spcli.inspect.outputs import load_run
     from spcli.inspect.summary import summarize

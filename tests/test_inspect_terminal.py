@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spcli.cli import app
-from spcli.config import SelectConfig
+from spcli.config.scoring import SelectConfig
 from test_inspect_summary import ok_row, write_run
 
 PROMPT = "one two three four five six seven eight nine ten eleven twelve"  # 12 tokens with the SmolLM2 tokenizer

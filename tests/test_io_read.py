@@ -11,11 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spcli.config import FieldConfig
+from spcli.config.run import FieldConfig
 from spcli.errors import ConfigError, InputError
 from spcli.io.ids import IdIndex
-from spcli.io.read import check_shard, count_rows, read_records
-from spcli.io.records import Shard, discover, id_prefixes, to_record
+from spcli.io.read import check_shard, read_records
+from spcli.io.count import count_rows
+from spcli.io.records import to_record
+from spcli.io.shards import Shard, discover, id_prefixes
 
 FIELDS = FieldConfig()
 

@@ -232,11 +232,12 @@ def test_kept_indices_equal_between_torch_and_triton_on_smollm2(score, smollm2_d
     """On the real SmolLM2 and real prompts, selection from the kernel's scores equals the reference's."""
     import json
 
-    from spcli.config import ScoreConfig, SelectConfig
-    from spcli.engine import speculate as speculate_module
-    from spcli.engine.load import eos_token_ids, load_causal_lm, load_tokenizer
-    from spcli.engine.select import select_tokens
-    from spcli.engine.tokenize import tokenize
+    from spcli.config.scoring import ScoreConfig, SelectConfig
+    from spcli.stages import speculate as speculate_module
+    from spcli.models.load import load_causal_lm
+    from spcli.models.files import eos_token_ids, load_tokenizer
+    from spcli.stages.select import select_tokens
+    from spcli.stages.tokenize import tokenize
     from spcli.io.records import Record
 
     monkeypatch.setattr(speculate_module, "token_importance", score.token_importance)  # the (re)loaded kernels

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from spcli import models, profiles
+from spcli.models import lookup
 
+
+from spcli.models import profiles
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 64, 128, 2, 4, 2
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n"]
@@ -93,13 +95,14 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_a_gguf_file_is_converted_once_into_the_cache(tmp_path, cache):
-    from spcli.engine.load import load_causal_lm, load_tokenizer
-    from spcli.engine.tokenize import tokenize
+    from spcli.models.load import load_causal_lm
+    from spcli.models.files import load_tokenizer
+    from spcli.stages.tokenize import tokenize
     from spcli.io.records import Record
 
     gguf_file, embedding = write_tiny_gguf(tmp_path / "tiny.gguf")
-    assert models.local_folder(str(gguf_file)) is None and not models.is_available(str(gguf_file))
-    folder = models.locate(str(gguf_file))
+    assert lookup.local_folder(str(gguf_file)) is None and not lookup.is_available(str(gguf_file))
+    folder = lookup.locate(str(gguf_file))
     assert folder.parent == cache / "models" and folder.name.startswith("gguf-tiny-")
     assert [p.name for p in folder.parent.iterdir()] == [folder.name], "no temp folder left beside it"
     config = json.loads((folder / "config.json").read_text())
@@ -107,8 +110,8 @@ def test_a_gguf_file_is_converted_once_into_the_cache(tmp_path, cache):
     assert "quantization_config" not in config
 
     built = (folder / "config.json").stat().st_mtime_ns
-    assert models.locate(str(gguf_file)) == folder and (folder / "config.json").stat().st_mtime_ns == built, "not converted twice"
-    assert models.is_available(str(gguf_file))
+    assert lookup.locate(str(gguf_file)) == folder and (folder / "config.json").stat().st_mtime_ns == built, "not converted twice"
+    assert lookup.is_available(str(gguf_file))
 
     model = load_causal_lm(folder, "bfloat16", torch.device("cpu")).model
     got = model.get_input_embeddings().weight.float()
@@ -122,17 +125,17 @@ def test_a_gguf_file_is_converted_once_into_the_cache(tmp_path, cache):
 
 def test_a_changed_gguf_file_is_converted_afresh(tmp_path, cache):
     gguf_file, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
-    first = models.locate(str(gguf_file))
+    first = lookup.locate(str(gguf_file))
     write_tiny_gguf(gguf_file, seed=1)  # same name, other weights
-    second = models.locate(str(gguf_file))
+    second = lookup.locate(str(gguf_file))
     assert second != first and (second / "config.json").is_file()
 
 
 def test_a_model_without_preset_falls_back_to_self_with_early_exit_at_its_middle_layer(tmp_path, cache, tiny_dir):
     gguf_file, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
-    folder = models.locate(str(gguf_file))
+    folder = lookup.locate(str(gguf_file))
     for name, path, num_layers in ((str(gguf_file), folder, LAYERS), (str(tiny_dir), tiny_dir, 3)):
-        assert models.default_speculator(name) == "self"
+        assert lookup.default_speculator(name) == "self"
         defaults, source = profiles.score_defaults(name, path, "self")
         assert defaults == {"window": 32, "lookahead": 0, "score_layers": str((num_layers - 1) // 2),
                             "pool": 13, "rows": "mean", "chunk": 32}
@@ -145,8 +148,8 @@ def test_a_model_without_preset_falls_back_to_self_with_early_exit_at_its_middle
 def test_a_file_that_is_not_gguf_is_a_clear_error(tmp_path, cache):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a gguf file")
-    with pytest.raises(models.ModelError, match="cannot convert the GGUF file .*broken.gguf"):
-        models.locate(str(bad))
+    with pytest.raises(lookup.ModelError, match="cannot convert the GGUF file .*broken.gguf"):
+        lookup.locate(str(bad))
     assert list((cache / "models").iterdir()) == [], "nothing half-written left"
 
 
@@ -154,7 +157,7 @@ def test_spcli_run_on_a_gguf_file_uses_the_fallback_and_says_so(tmp_path, cache,
     from typer.testing import CliRunner
 
     from spcli.cli import app
-    from test_run import read_outputs
+    from test_job_run import read_outputs
 
     gguf_file, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
     src = write_jsonl([{"id": f"r{i}", "prompt": "the cat in the hat " * (30 + i)} for i in range(2)])

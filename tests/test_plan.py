@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spcli.cli import app
-from spcli.config import ScoreConfig
+from spcli.config.scoring import ScoreConfig
 from spcli.errors import ConfigError
 from spcli.plan.plan import PlanConfig, make_plan
 
@@ -177,7 +177,7 @@ def test_a_part_wheel_preset_is_planned_from_its_built_folder(tmp_path, monkeypa
     import shutil
 
     from spcli.errors import ModelError
-    from spcli.models import preset_folder
+    from spcli.models.lookup import preset_folder
 
     monkeypatch.setenv("SPCLI_CACHE", str(tmp_path))
     with pytest.raises(ModelError, match="make models-qwen"):

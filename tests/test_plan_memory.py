@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spcli.config import ScoreConfig
+from spcli.config.scoring import ScoreConfig
 from spcli.errors import ConfigError
 from spcli.plan.configs import SHIPPED_CONFIGS
 from spcli.plan.memory import (
@@ -51,7 +51,8 @@ def test_activations_follow_the_batched_chunk_and_the_cache_the_prompt():
 
 def test_batched_chunks_count_every_row_of_a_group():
     """The tokens one forward holds, against the groups speculate_prompts really forms (prepare.speculator_groups)."""
-    from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS, speculator_groups
+    from spcli.config.scoring import SPECULATOR_BATCH_TOKENS
+    from spcli.stages.prepare import speculator_groups
 
     for n, chunk, min_prompt in ((32768, 8192, 1), (4000, 8, 512), (131072, 65536, 1), (9000, 4096, 2000)):
         c = batched_chunk_tokens(n, chunk, min_prompt)

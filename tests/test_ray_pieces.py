@@ -10,13 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spcli.config import FieldConfig
+from spcli.config.run import FieldConfig
 from spcli.io.manifest import Manifest, ShardProgress
-from spcli.io.read import count_positions, count_rows, read_records
-from spcli.io.records import Shard
+from spcli.io.read import read_records
+from spcli.io.count import count_positions, count_rows
+from spcli.io.shards import Shard
 from spcli.ray.pieces import cut, split, uncovered
 from spcli.ray.slots import Slots, read_slots
-from spcli.run import merge_progress
+from spcli.job.manifest import merge_progress
 
 FILES = [Shard(0, "/in/a.parquet", "a"), Shard(1, "/in/b.parquet", "b"), Shard(2, "/in/c.parquet", "c")]
 SPANS = {"/in/a.parquet": 25, "/in/b.parquet": 4, "/in/c.parquet": 10}
@@ -112,9 +113,9 @@ def test_a_jsonl_range_seeks_to_its_first_line_and_reads_what_a_scan_from_the_st
     """Each plain JSONL range carries the byte offset of its first line (newlines counted in blocks: 7 bytes, so
     that lines cross blocks, and the real 4 MiB) and reads from there the same records, row numbers, ids and
     errors as a read of the range from the file's start; the ranges together read the whole file."""
-    import spcli.io.read as read
+    import spcli.io.count as count
 
-    monkeypatch.setattr(read, "SCAN_BYTES", scan_bytes)
+    monkeypatch.setattr(count, "SCAN_BYTES", scan_bytes)
     path = tmp_path / "d.jsonl"
     lines = [json.dumps({"prompt": f"p{i} " + "x" * (i % 5)}) for i in range(23)]
     lines[0] = "\ufeff" + lines[0]  # a byte-order mark before the first record
@@ -195,7 +196,7 @@ def test_status_counts_the_rows_no_range_covers_yet_as_waiting(tmp_path):
 
 
 def test_split_rows_needs_ray_and_a_count():
-    from spcli.config import RunConfig
+    from spcli.config.run import RunConfig
     from spcli.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--split-rows needs --ray"):

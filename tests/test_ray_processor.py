@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from spcli.cli import app
 from test_ray_run import ARGS, comparable
-from test_run import read_outputs
+from test_job_run import read_outputs
 
 pytestmark = pytest.mark.xdist_group("ray")  # one worker: the Ray tests share the session's cluster
 
@@ -50,8 +50,8 @@ def test_a_prepare_stage_without_base_weights_keeps_what_the_whole_engine_keeps(
     """engine='vllm' processors prepare on an hf engine without the base's weights (a `self` speculator reads the
     first layers from the checkpoint); the vLLM side is in tests/test_vllm_ray.py."""
     from spcli.api import run_config
-    from spcli.batch import prepared
-    from spcli.engine.hf import HFEngine
+    from spcli.job.batch import prepared
+    from spcli.engines.hf.engine import HFEngine
     from spcli.io.records import Record
 
     cfg = run_config(["-"], "-", model=str(tiny_dir), **FLAGS)

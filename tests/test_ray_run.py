@@ -25,7 +25,7 @@ from spcli.errors import OutputError
 from spcli.io.manifest import progress_key
 from spcli.ray.pieces import uncovered
 from spcli.slurm.status import collect
-from test_run import read_outputs
+from test_job_run import read_outputs
 from tiny_models import ALWAYS_PRUNE
 
 pytestmark = pytest.mark.xdist_group("ray")  # one worker: the Ray tests share the session's cluster

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from spcli.errors import OutputError
-from spcli.io.records import Shard
+from spcli.io.shards import Shard
 from spcli.ray.slots import Slots, WorkQueue, read_slots
 
 PATHS = [f"/in/s{i}.jsonl" for i in range(6)]
@@ -89,7 +89,7 @@ def test_read_slots_reads_owners_and_progress(tmp_path):
 def test_fresh_removes_the_slots_outputs_unless_an_actor_holds_one(tmp_path):
     """--fresh with --ray (driver.start_over): the manifests first, then parts and temp files; refused while a live
     process holds a slot's lock."""
-    from spcli.config import RunConfig
+    from spcli.config.run import RunConfig
     from spcli.errors import ConfigError, OutputError
     from spcli.io.lock import WriterLock
     from spcli.ray.driver import start_over

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spcli.cli import app
-from test_run import read_outputs
+from test_job_run import read_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 

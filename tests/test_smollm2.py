@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from spcli.cli import app
-from spcli.engine.load import load_tokenizer
+from spcli.models.files import load_tokenizer
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).parent.parent / "examples" / "docs.jsonl"

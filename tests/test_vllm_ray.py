@@ -1,10 +1,10 @@
 """`spcli run --engine vllm --ray` on a real local Ray cluster (tests/conftest.py `ray_cluster`, 2 CPUs): vLLM's
 CPU build in one Ray actor, and in the Ray Data processor's base stage. Base: SmolLM2-135M-Instruct in float32;
 speculator: conftest's tiny random Llama; the rows (kept indices, text) are the hf engine's in `spcli run`, as
-tests/test_vllm_run.py shows for vLLM outside Ray. One vLLM start inside an actor each (~60 s alone here, 7 min
+tests/test_engines_vllm_run.py shows for vLLM outside Ray. One vLLM start inside an actor each (~60 s alone here, 7 min
 beside the rest of `make test` on 2 cores), so both are `extended`: `make test-extended` runs them, `make test`
 keeps their parts (spcli run --ray with the hf engine: tests/test_ray_run.py; the vLLM engine's run and the
-processor's two stages on vLLM outside Ray: tests/test_vllm_run.py)."""
+processor's two stages on vLLM outside Ray: tests/test_engines_vllm_run.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from spcli.cli import app
 from test_ray_run import assert_exactly_once, comparable
-from test_run import read_outputs
-from test_vllm_run import COMMON, MAX_TOKENS, PRUNED, chat_rows, needs_vllm
+from test_job_run import read_outputs
+from test_engines_vllm_run import COMMON, MAX_TOKENS, PRUNED, chat_rows, needs_vllm
 
 pytestmark = [needs_vllm, pytest.mark.xdist_group("ray"), pytest.mark.extended]
 
@@ -45,7 +45,7 @@ def test_processor_on_vllm_gives_the_hf_runs_rows(tmp_path, tiny_dir, ray_cluste
     """The Ray Data processor with engine='vllm' (two actors: the speculator alone, vLLM without a replica): the
     rows `spcli run --engine hf` gives, and a bad record an error row. Outside `make test` (`make test-extended`):
     a second vLLM start in a Ray actor costs minutes under the suite's load; the two stages are composed without Ray
-    in tests/test_vllm_run.py::test_the_processor_stages_on_vllm_give_the_rows_of_spcli_run."""
+    in tests/test_engines_vllm_run.py::test_the_processor_stages_on_vllm_give_the_rows_of_spcli_run."""
     import ray
 
     from spcli.ray import build_processor

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-# Tiny models cost next to nothing per layer, and their LM head more than their layers: spcli.engine.pays finds that
+# Tiny models cost next to nothing per layer, and their LM head more than their layers: spcli.stages.pays finds that
 # pruning them never pays and prefills their prompts whole. Runs that test the pruning mechanics prune anyway.
 ALWAYS_PRUNE = ("--max-prune-cost", "inf")
 

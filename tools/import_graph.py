@@ -1,6 +1,6 @@
 """The import graph of spcli/ and benches/: circles, and imports made inside functions.
 
-    python tools/import_graph.py            # prints every circle and every function-level import; exit 1 on a circle
+    python tools/import_graph.py   # every circle, layer climb and function-level import; exit 1 on a circle or climb
 
 Every `import` and `from ... import` in a module counts, at any depth (an import inside a function still closes a
 circle; it only hides it). A function-level import of spcli code is listed, so that each one's reason can be read
@@ -121,6 +121,48 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# spcli's layers, lowest first: a module may import its own layer and those below, never one above. The longest
+# matching prefix places a module (spcli.slurm.tasks, pure functions the job reads, sits below the job; the Ray Data
+# processor, and the spcli.ray package that offers it, are entry points beside the API; "=name" matches name alone).
+LAYERS = (
+    ("spcli.errors", "spcli.config", "spcli.__init__"),
+    ("spcli.models",),
+    ("spcli.io", "spcli.kernels", "spcli.plan", "spcli.slurm.tasks"),
+    ("spcli.stages",),
+    ("spcli.engines",),
+    ("spcli.job",),
+    ("spcli.ray", "spcli.slurm"),
+    ("spcli.evaluate", "spcli.calibrate", "spcli.benchmark", "spcli.inspect"),
+    ("spcli.commands", "spcli.api", "spcli.cli", "spcli.__main__", "spcli.ray.processor", "=spcli.ray"),
+)
+
+
+def layer(module: str) -> int | None:
+    if module == "spcli":
+        module = "spcli.__init__"  # the package itself holds only its version and distribution name
+    best = None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if prefix.startswith("="):
+                if module == prefix[1:]:
+                    return index
+                continue
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def climbs(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) where a lower layer imports a higher one."""
+    found = []
+    for source in sorted(edges):
+        for target in sorted(edges[source]):
+            low, high = layer(source), layer(target)
+            if low is not None and high is not None and high > low:
+                found.append((source, target))
+    return found
+
+
 def function_imports() -> list[tuple[str, int, str]]:
     """(file, line, imported module) for every import of spcli or benches code made inside a function."""
     known = modules()
@@ -133,13 +175,17 @@ def function_imports() -> list[tuple[str, int, str]]:
 
 
 def main() -> int:
-    found = circles(graph())
+    edges = graph()
+    found = circles(edges)
     for component in found:
         print("circle:", " <-> ".join(component))
+    upward = climbs(edges)
+    for source, target in upward:
+        print(f"layer climb: {source} (layer {layer(source)}) imports {target} (layer {layer(target)})")
     for file, line, target in function_imports():
         print(f"function-level import: {file}:{line} -> {target}")
-    print(f"{len(found)} circle(s)")
-    return 1 if found else 0
+    print(f"{len(found)} circle(s), {len(upward)} layer climb(s)")
+    return 1 if found or upward else 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from spcli.config import DTYPES, SPECULATOR_CHUNK, ScoreConfig, SelectConfig, _check, check_speculator_chunk
+from spcli.config.run import DTYPES
+from spcli.config.scoring import SPECULATOR_CHUNK, ScoreConfig, SelectConfig, check, check_speculator_chunk
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,14 @@ class BenchConfig:
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def __post_init__(self) -> None:
-        _check(bool(self.keeps) and all(0.0 < k < 1.0 for k in self.keeps), f"--keep values must be in (0, 1), got {self.keeps}")
-        _check(bool(self.lengths) and all(n >= 16 for n in self.lengths), f"--lengths must be >= 16 tokens, got {self.lengths}")
-        _check(self.batch >= 1, f"--batch must be >= 1, got {self.batch}")
-        _check(self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}")
-        _check(self.warmup >= 0, f"--warmup must be >= 0, got {self.warmup}")
-        _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
-        _check(self.ttft_limit_s is None or self.ttft_limit_s > 0, f"--ttft-limit must be > 0 seconds, got {self.ttft_limit_s}")
-        _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check(bool(self.keeps) and all(0.0 < k < 1.0 for k in self.keeps), f"--keep values must be in (0, 1), got {self.keeps}")
+        check(bool(self.lengths) and all(n >= 16 for n in self.lengths), f"--lengths must be >= 16 tokens, got {self.lengths}")
+        check(self.batch >= 1, f"--batch must be >= 1, got {self.batch}")
+        check(self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}")
+        check(self.warmup >= 0, f"--warmup must be >= 0, got {self.warmup}")
+        check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
+        check(self.ttft_limit_s is None or self.ttft_limit_s > 0, f"--ttft-limit must be > 0 seconds, got {self.ttft_limit_s}")
+        check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_speculator_chunk(self.speculator_chunk)
 
     def to_dict(self) -> dict:

@@ -10,7 +10,6 @@ from pathlib import Path
 from spcli.benchmark.config import BenchConfig
 from spcli.errors import OutputError
 
-
 COLUMN_HELP = (  # `spcli bench --help` and docs/guide/bench.md explain the table's columns in these words
     ("length", "prompt tokens"), ("batch", "prompts per batch"), ("keep", "the keep rate asked for"),
     ("kept%", "prompt tokens actually kept"),

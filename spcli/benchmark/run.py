@@ -18,14 +18,14 @@ import statistics
 
 import torch
 
-from spcli.benchmark import pair
 from spcli.benchmark.config import BenchConfig
 from spcli.benchmark.qps import CostModel, max_qps
 from spcli.benchmark.stages import Timing, as_text, make_prompts, run_full, run_spec
-from spcli.engine import load
-from spcli.engine.load import ModelStack
-from spcli.engine.select import is_over_budget
-from spcli.profiles import describe, resolve, settings_source
+from spcli.models import files, load
+from spcli.models import random_pair as pair
+from spcli.models.load import ModelStack
+from spcli.models.profiles import describe, resolve, settings_source
+from spcli.stages.select import is_over_budget
 
 
 def load_models(cfg: BenchConfig) -> ModelStack:
@@ -63,10 +63,10 @@ def summarize(cfg: BenchConfig, length: int, keep: float, full: list[Timing], sp
 
 def check_lengths(cfg: BenchConfig) -> None:
     """Every --lengths prompt plus its --max-tokens fits the model's context; checked before anything loads."""
-    from spcli import models
     from spcli.errors import ConfigError
+    from spcli.models import lookup
 
-    config = load.read_config(models.locate(cfg.model))
+    config = files.read_config(lookup.locate(cfg.model))
     limit = int(getattr(config, "max_position_embeddings", None) or 1 << 30)
     too_long = [n for n in cfg.lengths if n + cfg.max_tokens > limit]
     if too_long:

@@ -1,7 +1,7 @@
 """Timed runs of one batch through the engine's own stages: full prefill, and spcli (prune -> base pass).
 
 TTFT of a batch = the time from having its prompts' token ids to every prompt's first token. The
-stages are `spcli.engine.prepare.prune` (speculate -> score -> select) and `hf_pass.generate`, the
+stages are `spcli.stages.prepare.prune` (speculate -> score -> select) and `hf_pass.generate`, the
 ones `spcli run --engine hf` calls, so what is timed is what ships.
 """
 
@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from spcli.config import ScoreConfig, SelectConfig
-from spcli.device import synchronize
-from spcli.engine import hf_pass
-from spcli.engine.load import ModelStack
-from spcli.engine.prepare import prune
-from spcli.engine.request import PrunedRequest
-from spcli.engine.tokenize import cross_tokenize, units_from_ids
+from spcli.config.scoring import ScoreConfig, SelectConfig
+from spcli.engines.hf import base_pass as hf_pass
 from spcli.io.records import Record
+from spcli.models.device import synchronize
+from spcli.models.load import ModelStack
+from spcli.stages.prepare import prune
+from spcli.stages.request import PrunedRequest
+from spcli.stages.tokenize import cross_tokenize, units_from_ids
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """`spcli calibrate --keep-for INPUT...`: which keep rate suits the user's own prompts.
 
 No labels: on a seeded sample of the user's records, each keep rate (and `auto`) is compared with full
-prefill of the same prompt, on the run's own stages (spcli.engine.prepare tokenizes, speculates and
+prefill of the same prompt, on the run's own stages (spcli.stages.prepare tokenizes, speculates and
 selects; hf_pass generates). One speculator pass per prompt serves every keep rate. Fidelity per
 policy, with 95% bootstrap intervals over the sampled prompts:
 
@@ -22,17 +22,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spcli.config import (AUTO, DTYPES, SPECULATOR_CHUNK, FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig,
-                          _check, check_speculator_chunk)
-from spcli.engine import hf_pass, load
-from spcli.engine.prepare import prepare
-from spcli.engine.request import Generation, PrunedRequest
-from spcli.engine.select import budget, is_pruned, select_tokens
+from spcli.config.run import DTYPES, FieldConfig, GenerateConfig, RunConfig
+from spcli.config.scoring import AUTO, SPECULATOR_CHUNK, ScoreConfig, SelectConfig, check, check_speculator_chunk
+from spcli.engines.hf import base_pass as hf_pass
 from spcli.errors import InputError, RecordError
 from spcli.evaluate import metrics
 from spcli.io.outdir import make_out_dir
 from spcli.io.read import read_records
-from spcli.io.records import Record, discover
+from spcli.io.records import Record
+from spcli.io.shards import discover
+from spcli.models import load
+from spcli.stages.prepare import prepare
+from spcli.stages.request import Generation, PrunedRequest
+from spcli.stages.select import budget, is_pruned, select_tokens
 
 FULL = "full"
 
@@ -59,16 +61,16 @@ class KeepForConfig:
     fields: FieldConfig = field(default_factory=FieldConfig)
 
     def __post_init__(self) -> None:
-        _check(bool(self.inputs), "--keep-for needs INPUT files, globs or directories")
-        _check(self.samples >= 1, f"--samples must be >= 1, got {self.samples}")
-        _check(bool(self.keeps) and all(0.0 < k < 1.0 for k in self.keeps), f"--keep values must be in (0, 1), got {self.keeps}")
-        _check(self.target_agreement is None or self.target_kl is None, "give --target-agreement or --target-kl, not both")
-        _check(self.target_agreement is None or 0.0 < self.target_agreement <= 1.0,
+        check(bool(self.inputs), "--keep-for needs INPUT files, globs or directories")
+        check(self.samples >= 1, f"--samples must be >= 1, got {self.samples}")
+        check(bool(self.keeps) and all(0.0 < k < 1.0 for k in self.keeps), f"--keep values must be in (0, 1), got {self.keeps}")
+        check(self.target_agreement is None or self.target_kl is None, "give --target-agreement or --target-kl, not both")
+        check(self.target_agreement is None or 0.0 < self.target_agreement <= 1.0,
                f"--target-agreement must be in (0, 1], got {self.target_agreement}")
-        _check(self.target_kl is None or self.target_kl > 0.0, f"--target-kl must be > 0, got {self.target_kl}")
-        _check(self.compare_tokens >= 1, f"--compare-tokens must be >= 1, got {self.compare_tokens}")
-        _check(self.bootstrap >= 100, f"--bootstrap must be >= 100 resamples, got {self.bootstrap}")
-        _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check(self.target_kl is None or self.target_kl > 0.0, f"--target-kl must be > 0, got {self.target_kl}")
+        check(self.compare_tokens >= 1, f"--compare-tokens must be >= 1, got {self.compare_tokens}")
+        check(self.bootstrap >= 100, f"--bootstrap must be >= 100 resamples, got {self.bootstrap}")
+        check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_speculator_chunk(self.speculator_chunk)
 
     @property
@@ -225,7 +227,7 @@ def run_flags(cfg: KeepForConfig, policy: float | str) -> str:
 
 def run_keep(cfg: KeepForConfig, log=print) -> dict:
     from spcli.calibrate.keep_report import plot, write_json
-    from spcli.profiles import resolve
+    from spcli.models.profiles import resolve
 
     out = make_out_dir(cfg.out)
     t_start = time.perf_counter()

@@ -32,16 +32,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from spcli import models, profiles
 from spcli.calibrate import profile, report
 from spcli.calibrate.config import CalibrateConfig
-from spcli.config import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig
-from spcli.device import synchronize
-from spcli.engine.capture import QueryCapture
-from spcli.engine.load import ModelStack, load_stack, parse_self
-from spcli.engine.select import select_tokens
-from spcli.engine.speculate import speculate
-from spcli.engine.tokenize import encode, kept_positions, tokenize, units_of
+from spcli.config.scoring import PAPER_CHUNK, PAPER_SCORE, ScoreConfig, SelectConfig
 from spcli.errors import SpcliError
 from spcli.evaluate.compare import needle_spans
 from spcli.evaluate.metrics import FACT_MEASURES, covered
@@ -49,6 +42,14 @@ from spcli.evaluate.tasks import GENERATION_ROOM, Example, task_examples
 from spcli.io.outdir import make_out_dir
 from spcli.io.records import Record
 from spcli.kernels.score import reduce_rows, smooth
+from spcli.models import lookup, profiles
+from spcli.models.capture import QueryCapture
+from spcli.models.device import synchronize
+from spcli.models.load import ModelStack, load_stack
+from spcli.models.speculator import parse_self
+from spcli.stages.select import select_tokens
+from spcli.stages.speculate import speculate
+from spcli.stages.tokenize import encode, kept_positions, tokenize, units_of
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,7 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     """The sweep over built-in tasks; writes results.json, calibrate.png and (asked) the profile. Returns the results."""
     out = make_out_dir(cfg.out)
     t_start = time.perf_counter()
-    speculator = cfg.speculator or models.default_speculator(cfg.model)
+    speculator = cfg.speculator or lookup.default_speculator(cfg.model)
     m = load_stack(cfg.model, speculator, cfg.dtype, cfg.device, with_base=parse_self(speculator) is not None)
     model = m.speculator
     num_layers = model.config.num_hidden_layers

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spcli import models, profiles
 from spcli.errors import ConfigError
+from spcli.models import lookup, profiles
 
 SETTING = ("layer", "window", "pool", "rows", "chunk")  # what names one grid cell and the choice
 
@@ -50,12 +50,12 @@ def reinstate(source: str, model: str, speculator: str | None) -> tuple[Path, di
     if not isinstance(results, dict) or not results.get("choice") or "grid" not in results:
         raise ConfigError(f"--from-results {path}: no `choice` and `grid`; it is not the results.json of a layer "
                           "calibration (a --keep-for run writes no profile)")
-    speculator = speculator or models.default_speculator(model)
+    speculator = speculator or lookup.default_speculator(model)
     ran = (results["config"]["model"], results["speculator"])
     if ran != (model, speculator):
         raise ConfigError(f"--from-results {path} calibrated --model {ran[0]} --speculator {ran[1]}, not "
                           f"--model {model} --speculator {speculator}")
-    model_path = models.locate(model)
+    model_path = lookup.locate(model)
     key, now = measured_key(results), profiles.model_key(model_path)
     if key is None:
         raise ConfigError(f"--from-results {path} records no model key (a run before keys were recorded, without "

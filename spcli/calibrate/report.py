@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spcli.config import PAPER_CHUNK, PAPER_SCORE
+from spcli.config.scoring import PAPER_CHUNK, PAPER_SCORE
 
 MARKERS = ("o", "s", "^", "v", "D", "x")
 

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import MAX_PRUNE_COST, MIN_FREE, SPECULATOR_CHUNK
+from spcli.config.scoring import MAX_PRUNE_COST, MIN_FREE, SPECULATOR_CHUNK
 
 
 def _help() -> str:
@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         from spcli.benchmark.config import BenchConfig
         from spcli.benchmark.report import reliability_warnings, write_outputs
         from spcli.benchmark.run import json_lines, run_bench, text_table
-        from spcli.config import ScoreConfig, SelectConfig
+        from spcli.config.scoring import ScoreConfig, SelectConfig
         from spcli.evaluate.config import split_list
 
         cfg = BenchConfig(

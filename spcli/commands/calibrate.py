@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import KEEP_SCALE, MIN_TOKENS, SPECULATOR_CHUNK
+from spcli.config.scoring import KEEP_SCALE, MIN_TOKENS, SPECULATOR_CHUNK
 
 
 def register(app: typer.Typer) -> None:
@@ -86,9 +86,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _from_results(source: str, write_profile: bool, model: str, speculator: str | None) -> None:
-    from spcli import profiles
     from spcli.calibrate.profile import choice_score, reinstate
     from spcli.errors import ConfigError
+    from spcli.models import profiles
 
     if not write_profile:
         raise ConfigError("--from-results writes a profile from a saved run: give --write-profile with it")
@@ -113,7 +113,8 @@ def _keep_for(inputs, keep_for: bool, *, keeps: str, pool: int, select: dict, sc
     """`spcli calibrate --keep-for INPUT...`: the flags map one-to-one onto KeepForConfig."""
     from spcli.calibrate.keep import KeepForConfig, run_keep
     from spcli.calibrate.keep_report import text_table
-    from spcli.config import AUTO, FieldConfig, ScoreConfig, SelectConfig
+    from spcli.config.run import FieldConfig
+    from spcli.config.scoring import AUTO, ScoreConfig, SelectConfig
     from spcli.errors import ConfigError
     from spcli.evaluate.config import split_list
 

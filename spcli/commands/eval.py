@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spcli.config import MAX_UNIT, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK
+from spcli.config.scoring import MAX_UNIT, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK
 
 
 def _help() -> str:
@@ -63,7 +63,8 @@ def register(app: typer.Typer) -> None:
         messages_field: Annotated[str, typer.Option(help="INPUT field holding chat messages, as `spcli run --messages-field`.")] = "messages",
         id_field: Annotated[str, typer.Option(help="INPUT field holding the row id, as `spcli run --id-field`.")] = "id",
     ) -> None:
-        from spcli.config import FieldConfig, ScoreConfig, SelectConfig
+        from spcli.config.run import FieldConfig
+        from spcli.config.scoring import ScoreConfig, SelectConfig
         from spcli.evaluate.config import EvalConfig, parse_variant, split_keeps, split_list
         from spcli.evaluate.matched import matched_table
         from spcli.evaluate.report import text_table

@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         window: Annotated[Optional[int], typer.Option(help="Last W prompt tokens' queries score. Default: the model's.")] = None,
         score_layers: Annotated[Optional[str], typer.Option(help="Speculator layers that score. Default: the model's.")] = None,
     ) -> None:
-        from spcli.config import ScoreConfig
+        from spcli.config.scoring import ScoreConfig
         from spcli.plan.plan import PlanConfig, make_plan
         from spcli.plan.report import plan_lines
 

@@ -18,19 +18,27 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spcli.engine import hf_pass, load
-from spcli.engine.load import ModelStack
-from spcli.engine.request import Generation, PrunedRequest
-from spcli.engine.restate import restated_for
-from spcli.engine.select import is_over_budget
-from spcli.engine.tokenize import Layout, cross_tokenize, tokenize, tokenize_units
+from spcli.engines.hf import base_pass as hf_pass
 from spcli.evaluate import metrics
 from spcli.evaluate.config import SELECT_VARIANT_FIELDS, EvalConfig, is_auto, policy_order, policy_select, variant_label
-from spcli.evaluate.selectors import (USES_SPECULATOR, Signals, carried, prompt_signals, random_seed, select,
-                                     speculator_signals)
+from spcli.evaluate.selectors import (
+    USES_SPECULATOR,
+    Signals,
+    carried,
+    prompt_signals,
+    random_seed,
+    select,
+    speculator_signals,
+)
 from spcli.evaluate.tasks import Example
 from spcli.io.records import Record
-from spcli.profiles import resolve
+from spcli.models import load, speculator
+from spcli.models.load import ModelStack
+from spcli.models.profiles import resolve
+from spcli.stages.request import Generation, PrunedRequest
+from spcli.stages.restate import restated_for
+from spcli.stages.select import is_over_budget
+from spcli.stages.tokenize import Layout, cross_tokenize, tokenize, tokenize_units
 
 
 def load_models(cfg: EvalConfig) -> ModelStack:
@@ -52,7 +60,7 @@ def other_speculators(m: ModelStack, cfg: EvalConfig) -> list[OtherSpeculator]:
     fallback), as `spcli run --speculator B` would; a variant's settings override the first speculator's."""
     out = []
     for name in cfg.extra_speculators:
-        load.check_speculator_attention(m.path, m.name, name, m.max_positions)
+        speculator.check_speculator_attention(m.path, m.name, name, m.max_positions)
         stack = dataclasses.replace(m, speculator_name=name, _speculator=None, _speculator_tokens=None,
                                     _is_tokens_checked=False)
         own = resolve(dataclasses.replace(cfg, speculator=name, extra_speculators=(), selectors=("specprefill",)),

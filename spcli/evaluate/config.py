@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from spcli.config import DTYPES, SPECULATOR_CHUNK, FieldConfig, ScoreConfig, SelectConfig, _check, check_speculator_chunk
+from spcli.config.run import DTYPES, FieldConfig
+from spcli.config.scoring import SPECULATOR_CHUNK, ScoreConfig, SelectConfig, check, check_speculator_chunk
 from spcli.errors import ConfigError
 from spcli.evaluate.selectors import SELECTORS, USES_SPECULATOR, check_selectors
 from spcli.evaluate.tasks import TASKS
@@ -29,7 +30,7 @@ def parse_policy(text: str, default_scale: float = SelectConfig.keep_scale) -> f
             value = float(scale)
         except ValueError:
             raise ConfigError(f"--keep auto:P needs a scale P in (0, 100], got {text!r}") from None
-        _check(0.0 < value <= 100.0, f"--keep auto:P needs a scale P in (0, 100], got {text!r}")
+        check(0.0 < value <= 100.0, f"--keep auto:P needs a scale P in (0, 100], got {text!r}")
         return f"auto:{value:g}"
     try:
         return float(text)
@@ -66,7 +67,7 @@ def parse_variant(text: str) -> tuple[tuple[str, object], ...]:
         except ValueError:
             kind = "0 or 1" if key == "restate" else "an integer"
             raise ConfigError(f"--variant {key} takes {kind}, got {value!r}") from None
-    _check(bool(items), f"--variant needs at least one KEY=VALUE, got {text!r}")
+    check(bool(items), f"--variant needs at least one KEY=VALUE, got {text!r}")
     return tuple(items)
 
 
@@ -125,31 +126,31 @@ class EvalConfig:
     fields: FieldConfig = field(default_factory=FieldConfig)  # INPUT's field names, as `spcli run --prompt-field` ...
 
     def __post_init__(self) -> None:
-        _check(bool(self.inputs) or bool(self.tasks), "give INPUT files or at least one --task")
+        check(bool(self.inputs) or bool(self.tasks), "give INPUT files or at least one --task")
         for t in self.tasks:
-            _check(t in TASKS, f"unknown task {t!r}: use one of {', '.join(TASKS)}")
-        _check(bool(self.keeps) and all(is_auto(k) or 0.0 < k <= 1.0 for k in self.keeps), f"--keep values must be in (0, 1], got {self.keeps}")
+            check(t in TASKS, f"unknown task {t!r}: use one of {', '.join(TASKS)}")
+        check(bool(self.keeps) and all(is_auto(k) or 0.0 < k <= 1.0 for k in self.keeps), f"--keep values must be in (0, 1], got {self.keeps}")
         for k in self.keeps:
             if is_auto(k):
                 policy_select(self.select, k)  # validates the scale
-        _check(bool(self.selectors), f"--selector needs at least one of {', '.join(SELECTORS)}")
+        check(bool(self.selectors), f"--selector needs at least one of {', '.join(SELECTORS)}")
         check_selectors(self.selectors)
-        _check(not any(is_auto(k) for k in self.keeps) or any(s in USES_SPECULATOR for s in self.selectors),
+        check(not any(is_auto(k) for k in self.keeps) or any(s in USES_SPECULATOR for s in self.selectors),
                "--keep auto's budget comes from the speculator's importance: add specprefill to --selector")
-        _check(all(256 <= n <= 32768 for n in self.lengths), f"--lengths must be in [256, 32768] tokens, got {self.lengths}")
-        _check(self.samples >= 1, f"--samples must be >= 1, got {self.samples}")
-        _check(self.max_tokens is None or self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
-        _check(self.compare_tokens >= 1, f"--compare-tokens must be >= 1, got {self.compare_tokens}")
-        _check(self.bootstrap >= 100, f"--bootstrap must be >= 100 resamples, got {self.bootstrap}")
-        _check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check(all(256 <= n <= 32768 for n in self.lengths), f"--lengths must be in [256, 32768] tokens, got {self.lengths}")
+        check(self.samples >= 1, f"--samples must be >= 1, got {self.samples}")
+        check(self.max_tokens is None or self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
+        check(self.compare_tokens >= 1, f"--compare-tokens must be >= 1, got {self.compare_tokens}")
+        check(self.bootstrap >= 100, f"--bootstrap must be >= 100 resamples, got {self.bootstrap}")
+        check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_speculator_chunk(self.speculator_chunk)
         for v in self.variants:  # validated like the flags they stand for
             dataclasses.replace(self.score, **{k: x for k, x in v if k not in SELECT_VARIANT_FIELDS})
             dataclasses.replace(self.select, **{k: x for k, x in v if k in SELECT_VARIANT_FIELDS})
         labels = [variant_label(v) for v in self.variants]
-        _check(len(set(labels)) == len(labels), f"--variant names a variant twice: {', '.join(labels)}")
+        check(len(set(labels)) == len(labels), f"--variant names a variant twice: {', '.join(labels)}")
         names = (self.speculator, *self.extra_speculators)
-        _check(len(set(names)) == len(names), f"--speculator names a speculator twice: {', '.join(map(str, names))}")
+        check(len(set(names)) == len(names), f"--speculator names a speculator twice: {', '.join(map(str, names))}")
 
     @property
     def pruned_keeps(self) -> tuple[float | str, ...]:

@@ -7,11 +7,11 @@ import logging
 import orjson
 import pyarrow.parquet as pq
 
-from spcli.config import FieldConfig
+from spcli.config.run import FieldConfig
 from spcli.errors import InputError
 from spcli.evaluate.tasks import Example
 from spcli.io.read import read_records
-from spcli.io.records import Shard, discover, shard_kind
+from spcli.io.shards import Shard, discover, shard_kind
 
 log = logging.getLogger(__name__)
 

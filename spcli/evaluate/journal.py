@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from spcli.config import FieldConfig
+from spcli.config.run import FieldConfig
 from spcli.errors import ConfigError
 from spcli.io.commit import atomic_write_bytes
 

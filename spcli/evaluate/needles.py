@@ -17,14 +17,14 @@ from __future__ import annotations
 import random
 import string
 
+from spcli.evaluate.haystack import ADJECTIVES, FIRST, LAST, NOUNS, insert_at_depths
+
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
 FAMILY = ("needle-code", "needle-name", "needle-date", "needle-first")
 
 
 def _thing(rng: random.Random) -> str:
-    from spcli.evaluate.tasks import ADJECTIVES, NOUNS
-
     return f"{rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}"
 
 
@@ -37,12 +37,10 @@ def _code(rng: random.Random) -> str:
 
 def _buried(rng, filler, needle: str, frame):
     """build(num_tokens) for one needle at a random depth; frame(text) -> the user message."""
-    from spcli.evaluate.tasks import _insert
-
     depth, seed = rng.uniform(0.1, 0.9), rng.random()
 
     def build(num_tokens):
-        text = " ".join(_insert(filler.take(random.Random(seed), num_tokens), [needle], [depth]))
+        text = " ".join(insert_at_depths(filler.take(random.Random(seed), num_tokens), [needle], [depth]))
         return [{"role": "user", "content": frame(text)}]
 
     return build, {"depth": depth}
@@ -64,8 +62,6 @@ def needle_code(rng, filler, length, _):
 
 
 def needle_name(rng, filler, length, _):
-    from spcli.evaluate.tasks import FIRST, LAST
-
     thing, name = _thing(rng), f"{rng.choice(FIRST)} {rng.choice(LAST)}"
     needle = f"The {thing} project is led by {name}."
     build, meta = _asked_after(rng, filler, needle, f"Who leads the {thing} project? Answer with the person's full name only.")

@@ -20,7 +20,7 @@ from spcli.evaluate.matched import compare_matched, matched_keeps, with_matched
 from spcli.evaluate.summary import summarize
 from spcli.evaluate.tasks import Example, task_examples
 from spcli.io.outdir import make_out_dir
-from spcli.profiles import describe, resolve
+from spcli.models.profiles import describe, resolve
 
 
 def build_examples(cfg: EvalConfig, tokenizer, max_positions: int = 1 << 30, log=print) -> list[Example]:

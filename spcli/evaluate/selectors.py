@@ -1,6 +1,6 @@
 """Token selectors compared by `spcli eval`: SpecPrefill and the baselines, over one selection machinery.
 
-Every selector only builds an importance vector [n]; `spcli.engine.select.select_tokens` then applies
+Every selector only builds an importance vector [n]; `spcli.stages.select.select_tokens` then applies
 the same budget ceil(keep * n) (at keep auto: the one the speculator's unpooled importance gives), forced
 tokens and chunking to all of them, so they differ in what they rank and in nothing else.
 
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from spcli.config import PAPER_CHUNK, PAPER_SCORE, SPECULATOR_CHUNK, ScoreConfig, SelectConfig
-from spcli.engine.align import Alignment, carry
-from spcli.engine.select import is_pruned, select_tokens
-from spcli.engine.speculate import speculate
+from spcli.config.scoring import PAPER_CHUNK, PAPER_SCORE, SPECULATOR_CHUNK, ScoreConfig, SelectConfig
 from spcli.errors import ConfigError
+from spcli.stages.align import Alignment, carry
+from spcli.stages.select import is_pruned, select_tokens
+from spcli.stages.speculate import speculate
 
 SELECTORS = ("specprefill", "specprefill-paper", "random", "recency", "sink-recency", "self-information")
 USES_SPECULATOR = frozenset({"specprefill", "specprefill-paper", "self-information"})
@@ -50,7 +50,7 @@ class Signals:
 
 
 def carried(signals: Signals, alignment: Alignment | None) -> Signals:
-    """A speculator's signals over its own tokens carried to the base's (spcli.engine.align); as they are
+    """A speculator's signals over its own tokens carried to the base's (spcli.stages.align); as they are
     without an alignment (same tokenizer)."""
     if alignment is None:
         return signals
@@ -62,7 +62,7 @@ def carried(signals: Signals, alignment: Alignment | None) -> Signals:
 
 
 def prompt_signals(signals: Signals, n: int) -> Signals:
-    """Signals over a prompt and its restated instruction (spcli.engine.restate) cut to the prompt's n tokens."""
+    """Signals over a prompt and its restated instruction (spcli.stages.restate) cut to the prompt's n tokens."""
     if signals.importance.numel() == n:
         return signals
     cut = lambda t: None if t is None else t[:n]
@@ -157,7 +157,7 @@ def config_for(selector: str, cfg: SelectConfig) -> SelectConfig:
 def select(selector: str, n: int, signals: Signals | None, cfg: SelectConfig, keep: float | str, seed: int,
            layout=None) -> torch.Tensor:
     """Kept indices [m] int64, ascending, for one prompt of n tokens (all of them when it is not pruned);
-    `layout`: the prompt's selection units and protected tokens (spcli.engine.tokenize.Layout); the paper's
+    `layout`: the prompt's selection units and protected tokens (spcli.stages.tokenize.Layout); the paper's
     recipe selects fixed chunks."""
     cfg = config_for(selector, cfg)
     if not is_pruned(n, cfg, keep):

@@ -29,20 +29,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from spcli.errors import ConfigError
+from spcli.evaluate.haystack import ADJECTIVES, FIRST, LAST, NOUNS, insert_at_depths
 from spcli.evaluate.needles import BUILDERS as NEEDLE_BUILDERS
 from spcli.evaluate.needles import FAMILY as NEEDLE_FAMILY
 
 TASKS = ("niah", "niah-multi", "kv-retrieval", "var-tracking", "multidoc-qa", "niah-scatter",
          "needle-code", "needle-name", "needle-date", "needle-first")  # the last four: --task needles (needles.py)
 
-ADJECTIVES = ("amber", "brisk", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen", "lively",
-              "mellow", "nimble", "olive", "proud", "quiet", "rusty", "silver", "tidy", "upbeat", "vivid", "witty", "young")
-NOUNS = ("anchor", "badger", "canyon", "dolphin", "ember", "falcon", "garden", "harbor", "island", "jacket", "kettle",
-         "lantern", "meadow", "nugget", "orchard", "pepper", "quartz", "river", "saddle", "tunnel", "valley", "walnut")
-FIRST = ("Amara", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Keiko", "Lars",
-         "Maya", "Nils", "Olga", "Pablo", "Rosa", "Sven", "Tariq", "Uma", "Viktor", "Wren", "Yusuf", "Zora")
-LAST = ("Abbott", "Brennan", "Castillo", "Dubois", "Eriksen", "Fischer", "Gallo", "Haddad", "Ivanova", "Jensen",
-        "Kowalski", "Lindqvist", "Moreau", "Novak", "Okafor", "Petrov", "Quinn", "Rossi", "Sato", "Toivonen")
 TOWNS = ("Ashford", "Bellmere", "Corrin Bay", "Dunmore", "Elderfield", "Foxhollow", "Glenrock", "Hartwell", "Ivybridge",
          "Juniper Falls", "Kestrel Point", "Larkspur", "Millbrook", "Northwick", "Oakhaven", "Pinecrest", "Queensferry",
          "Ravenscar", "Stonebury", "Thistledown", "Underwood", "Vale Ridge", "Westmarch", "Yarrow")
@@ -111,14 +104,6 @@ def _render_len(tokenizer, messages: list[dict]) -> int:
     return len(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 
-def _insert(chunks: list[str], items: list[str], depths: list[float]) -> list[str]:
-    """Put each item before the chunk at its relative depth (0 = start, 1 = end)."""
-    out = list(chunks)
-    for item, d in sorted(zip(items, depths), key=lambda p: -p[1]):
-        out.insert(round(d * len(chunks)), item)
-    return out
-
-
 def _fit(tokenizer, length: int, build) -> list[dict]:
     """build(filler_tokens) -> messages; two passes size the filler so the prompt is ~`length` tokens."""
     guess = length
@@ -144,7 +129,7 @@ def _niah(rng, filler, length, num_values):
     seed = rng.random()
 
     def build(num_tokens):
-        text = " ".join(_insert(filler.take(random.Random(seed), num_tokens), needles, depths))
+        text = " ".join(insert_at_depths(filler.take(random.Random(seed), num_tokens), needles, depths))
         return [{"role": "user", "content": f"{intro}{text}\n\n{question}"}]
 
     return build, tuple(values), tuple(needles), {"depths": depths, "key": key}
@@ -162,7 +147,7 @@ def _scatter(rng, filler, length, num_values):
     seed = rng.random()
 
     def build(num_tokens):
-        text = " ".join(_insert(filler.take(random.Random(seed), num_tokens), needles, depths))
+        text = " ".join(insert_at_depths(filler.take(random.Random(seed), num_tokens), needles, depths))
         return [{"role": "user", "content": f"{intro}{text}\n\n{question}"}]
 
     return build, tuple(values), tuple(needles), {"depths": depths, "key": key}
@@ -192,7 +177,7 @@ def _vt(rng, filler, length, _):
     seed = rng.random()
 
     def build(num_tokens):
-        text = " ".join(_insert(filler.take(random.Random(seed), num_tokens), lines, depths))
+        text = " ".join(insert_at_depths(filler.take(random.Random(seed), num_tokens), lines, depths))
         return [{"role": "user", "content": "Memorize and track the chain of variable assignments hidden in the following text.\n\n"
                  f"{text}\n\nQuestion: Find all variables that are assigned the value {value} in the text above. "
                  "Answer with the variable names only."}]

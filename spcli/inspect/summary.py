@@ -10,9 +10,9 @@ import numpy as np
 
 from spcli.errors import OutputError
 from spcli.inspect.outputs import RunOutputs
+from spcli.io.count import count_rows
 from spcli.io.manifest import progress_rows
-from spcli.io.read import count_rows
-from spcli.io.records import Shard
+from spcli.io.shards import Shard
 from spcli.ray.pieces import not_started
 
 KEEP_BINS = 10  # keep-rate histogram: [0, 10%), [10%, 20%), ..., [90%, 100%]
@@ -139,7 +139,7 @@ def measured_full_prefill(run: RunOutputs, baseline: RunOutputs) -> FullPrefill:
 def resolved_config(cfg: dict, fingerprint_fields: dict | None = None) -> dict:
     """The settings that decide what was kept, flattened for display (in this order); the speculator by
     the name it resolved to."""
-    from spcli.models import default_speculator
+    from spcli.models.lookup import default_speculator
 
     select, score, gen = cfg.get("select", {}), cfg.get("score", {}), cfg.get("generate", {})
     speculator = (cfg.get("speculator") or (fingerprint_fields or {}).get("speculator")

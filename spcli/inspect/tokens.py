@@ -14,12 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from spcli.config import FieldConfig
-from spcli.engine.tokenize import tokenize
+from spcli.config.run import FieldConfig
 from spcli.errors import InputError, OutputError, RecordError
 from spcli.inspect.outputs import RunOutputs
 from spcli.io.read import read_records
-from spcli.io.records import Record, Shard
+from spcli.io.records import Record
+from spcli.io.shards import Shard
+from spcli.stages.tokenize import tokenize
 
 KEPT, FORCED, DROPPED = "kept", "forced", "dropped"
 
@@ -90,7 +91,7 @@ def token_pieces(tokenizer, ids: list[int]) -> list[str]:
 
 
 def load_tokenizer(run: RunOutputs):
-    """The run's tokenizer (transformers only: spcli.engine.load would also import the model code)."""
+    """The run's tokenizer (transformers only: spcli.models.load would also import the model code)."""
     from transformers import AutoTokenizer
 
     path = tokenizer_path(run)
@@ -101,12 +102,12 @@ def load_tokenizer(run: RunOutputs):
 
 
 def tokenizer_path(run: RunOutputs) -> Path:
-    from spcli import models
+    from spcli.models import lookup
 
     path = run.fingerprint_fields.get("model_path")
     if path and (Path(path) / "config.json").is_file():
         return Path(path)
-    return models.locate(run.config["model"])
+    return lookup.locate(run.config["model"])
 
 
 def _max_positions(model_dir: Path) -> int:

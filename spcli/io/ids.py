@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spcli.errors import OutputError
-from spcli.io.records import Record, shard_kind, where
+from spcli.io.records import Record, where
+from spcli.io.shards import shard_kind
 
 if TYPE_CHECKING:
     from spcli.io.manifest import Manifest

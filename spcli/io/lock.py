@@ -12,7 +12,6 @@ import orjson
 
 from spcli.errors import OutputError
 
-
 BUSY_TRIES, BUSY_WAIT_S = 3, 0.05  # a held lock is asked again this often before the run is refused
 
 

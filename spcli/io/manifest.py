@@ -23,7 +23,7 @@ import orjson
 from spcli import __version__
 from spcli.errors import OutputError
 from spcli.io.commit import atomic_write_bytes
-from spcli.io.records import Shard, piece_key
+from spcli.io.shards import Shard, piece_key
 
 MANIFEST_VERSION = 1
 

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spcli.errors import ConfigError, InputError
-from spcli.io.records import Shard, shard_kind
 from spcli.io.schema import RowResult, output_schema
+from spcli.io.shards import Shard, shard_kind
 
 
 def check_columns(columns: tuple[str, ...]) -> None:

@@ -9,24 +9,19 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import zlib
 from collections.abc import Iterator
-from itertools import islice
 
 import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from spcli.config import FieldConfig
+from spcli.config.run import FieldConfig
 from spcli.errors import InputError
-from spcli.io.records import Record, Shard, bad_record, shard_kind, to_record
+from spcli.io.parquet import open_parquet, parquet_columns, read_parquet
+from spcli.io.records import Record, bad_record, to_record, too_long_record
+from spcli.io.shards import Shard, shard_kind
 
-PARQUET_BATCH_ROWS = 1024
-PARQUET_BUFFER_BYTES = 1 << 20  # stream column chunks page by page: memory stays flat with row-group size
 DRAIN_BYTES = 1 << 20
-SCAN_BYTES = 1 << 22  # a plain JSONL file's newlines are counted 4 MiB at a time (line_offsets, count_positions)
 ID_SCAN_BYTES = 1 << 16  # an over-long JSONL record's id is looked for in its first 64 KiB
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
@@ -39,7 +34,7 @@ def read_records(shard: Shard, fields: FieldConfig, start_row: int = 0, max_reco
     kind = shard_kind(shard.path)
     start_row = max(start_row, shard.first_row)
     if kind == "parquet":
-        records = _read_parquet(shard, fields, start_row, max_record_bytes)
+        records = read_parquet(shard, fields, start_row, max_record_bytes)
     else:
         records = _read_jsonl(shard, fields, start_row, kind, max_record_bytes)
     if shard.rows is None:
@@ -62,7 +57,7 @@ def check_shard(shard: Shard, fields: FieldConfig) -> str | None:
     if kind == "parquet":
         if not head:
             return f"{shard.path}: empty file (no records)"  # as a 0-byte JSONL shard
-        pf = _open_parquet(shard)
+        pf = open_parquet(shard)
         parquet_columns(pf, shard, fields)
         return f"{shard.path}: Parquet file has no rows" if pf.metadata.num_rows == 0 else None
     if not head:
@@ -146,15 +141,6 @@ def _id_in(head: bytes, fields: FieldConfig) -> tuple[str, bool] | None:
     return None
 
 
-def _too_long(shard: Shard, row: int, size: int, limit: int, found: tuple[str, bool] | None) -> Record:
-    """The error row of a record over --max-record-bytes, named by its own id where it has one."""
-    rec = bad_record(shard, row, f"record is {size} bytes, more than --max-record-bytes {limit}")
-    if found is not None:
-        rec.id, is_custom = found
-        rec.custom_id = rec.id if is_custom else None
-    return rec
-
-
 def _read_jsonl(shard: Shard, fields: FieldConfig, start_row: int, kind: str, limit: int) -> Iterator[Record]:
     opener = gzip.open if kind == "jsonl.gz" else open
     try:
@@ -167,7 +153,7 @@ def _read_jsonl(shard: Shard, fields: FieldConfig, start_row: int, kind: str, li
                 if row < start_row:
                     continue
                 if line is None:
-                    yield _too_long(shard, row, size, limit, _id_in(head, fields))
+                    yield too_long_record(shard, row, size, limit, _id_in(head, fields))
                     continue
                 if row == 0 and line.startswith(UTF8_BOM):
                     line = line[len(UTF8_BOM):]
@@ -218,154 +204,3 @@ def _json_problem(line: bytes, e: orjson.JSONDecodeError) -> str:
     return f"malformed JSON ({e.msg} at column {e.pos + 1})"
 
 
-def _open_parquet(shard: Shard) -> pq.ParquetFile:
-    try:
-        return pq.ParquetFile(shard.path, buffer_size=PARQUET_BUFFER_BYTES)
-    except (pa.ArrowException, OSError) as e:
-        raise InputError(f"{shard.path}: not a readable Parquet file ({e})") from e
-
-
-def parquet_columns(pf: pq.ParquetFile, shard: Shard, fields: FieldConfig) -> list[str]:
-    names = set(pf.schema_arrow.names)
-    if fields.prompt not in names and fields.messages not in names:
-        raise InputError(f"{shard.path}: Parquet file has no {fields.prompt!r} or {fields.messages!r} column "
-                         f"(columns: {', '.join(sorted(names))}); name yours with --prompt-field or --messages-field")
-    if fields.id != FieldConfig().id and fields.id not in names:
-        raise InputError(f"{shard.path}: Parquet file has no {fields.id!r} column (--id-field); its columns: "
-                         f"{', '.join(sorted(names))}")
-    if fields.instruction != FieldConfig().instruction and fields.instruction not in names:
-        raise InputError(f"{shard.path}: Parquet file has no {fields.instruction!r} column (--instruction-field); its "
-                         f"columns: {', '.join(sorted(names))}")
-    wanted = [fields.id, fields.prompt, fields.messages, fields.instruction, "max_tokens", "keep", "temperature"]
-    return list(dict.fromkeys(c for c in wanted if c in names))
-
-
-def _record_bytes(obj: dict, fields: FieldConfig, limit: int) -> int:
-    """UTF-8 size of a row's prompt or message contents (exact only where it could exceed `limit`)."""
-    texts = [obj.get(fields.prompt)]
-    if isinstance(obj.get(fields.messages), list):
-        texts += [m.get("content") for m in obj[fields.messages] if isinstance(m, dict)]
-    texts = [t for t in texts if isinstance(t, (str, bytes))]
-    size = sum(len(t) for t in texts)
-    if 4 * size <= limit:  # a character is at most 4 bytes
-        return size
-    return sum(len(t) if isinstance(t, bytes) else len(t.encode("utf-8", "surrogatepass")) for t in texts)
-
-
-def _rows(batch: pa.RecordBatch) -> Iterator[dict | str]:
-    """A batch's rows as dicts; a row whose strings are not valid UTF-8 comes as the problem's text."""
-    try:
-        yield from batch.to_pylist()
-    except UnicodeDecodeError:
-        for i in range(batch.num_rows):
-            try:
-                yield batch.slice(i, 1).to_pylist()[0]
-            except UnicodeDecodeError as u:
-                yield f"invalid UTF-8 at byte {u.start} of a string column"
-
-
-def _read_parquet(shard: Shard, fields: FieldConfig, start_row: int, limit: int) -> Iterator[Record]:
-    if _is_empty(shard.path):
-        return
-    pf = _open_parquet(shard)
-    columns = parquet_columns(pf, shard, fields)
-    first = 0  # first row of row group g
-    for g in range(pf.num_row_groups):
-        num_rows = pf.metadata.row_group(g).num_rows
-        if first + num_rows > start_row:
-            yield from _read_row_group(pf, g, first, num_rows, columns, shard, fields, start_row, limit)
-        first += num_rows
-
-
-def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, columns: list[str], shard: Shard,
-                    fields: FieldConfig, start_row: int, limit: int) -> Iterator[Record]:
-    row = first
-    batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[g], columns=columns, use_threads=False)
-    while True:
-        try:
-            batch = next(batches, None)
-        except (pa.ArrowException, OSError) as e:
-            raise InputError(f"{shard.path}: corrupt Parquet data in row group {g} (rows {first}-{first + num_rows - 1}): {e}") from e
-        if batch is None:
-            return
-        if row + batch.num_rows <= start_row:
-            row += batch.num_rows
-            continue
-        for obj in _rows(batch):
-            if row >= start_row:
-                if isinstance(obj, str):
-                    yield bad_record(shard, row, obj)
-                elif (size := _record_bytes(obj, fields, limit)) > limit:
-                    row_id = obj.get(fields.id)
-                    yield _too_long(shard, row, size, limit, None if row_id in (None, "") else (str(row_id), False))
-                else:
-                    yield to_record({k: v for k, v in obj.items() if v is not None}, shard, row, "parquet", fields)
-            row += 1
-
-
-def count_rows(shard: Shard) -> int | None:
-    """Records in a shard (in its row range, where it has one): Parquet metadata, or a count of JSONL's non-blank
-    lines (gzip decompressed on the way)."""
-    return _count(shard, blank=False)
-
-
-def count_positions(shard: Shard) -> int | None:
-    """Row numbers a whole file spans (what a row range cuts): its Parquet rows, or its JSONL lines, blank ones
-    included (a JSONL record's row is its line index)."""
-    return _count(shard, blank=True)
-
-
-def line_offsets(path: str, rows: list[int]) -> list[int]:
-    """Where each of these lines (ascending line indices) of a plain JSONL file starts, in bytes: what a range's
-    reader seeks to (Shard.offset). Newlines are counted a block at a time, not read line by line; a line past
-    the file's end gets 0 (read from the start)."""
-    found, want = [], iter(rows)
-    target = next(want, None)
-    line, at = 0, 0
-    with open(path, "rb") as f:
-        while target is not None and (block := f.read(SCAN_BYTES)):
-            pos = 0
-            while target is not None and line + block.count(b"\n", pos) >= target:
-                while line < target:
-                    pos = block.index(b"\n", pos) + 1
-                    line += 1
-                found.append(at + pos)
-                target = next(want, None)
-            line += block.count(b"\n", pos)
-            at += len(block)
-    return found + [0] * (len(rows) - len(found))
-
-
-def _count(shard: Shard, blank: bool) -> int | None:
-    kind = shard_kind(shard.path)
-    start, stop = shard.rows or (0, None)
-    try:
-        if _is_empty(shard.path):
-            return 0
-        if kind == "parquet":
-            n = pq.ParquetFile(shard.path).metadata.num_rows
-            return n if shard.rows is None else max(0, min(n, stop) - start)
-        if kind == "jsonl" and blank and shard.rows is None:
-            return _count_lines(shard.path)
-        with (gzip.open if kind == "jsonl.gz" else open)(shard.path, "rb") as f:
-            lines = islice(f, start, stop) if shard.rows else f
-            return sum(1 for line in lines if blank or line.strip())
-    except (OSError, EOFError, zlib.error, pa.ArrowException):
-        return None
-
-
-def _count_lines(path: str) -> int:
-    """A plain file's lines (the last one with or without its newline), counted a block at a time."""
-    lines, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(SCAN_BYTES):
-            lines += block.count(b"\n")
-            last = block[-1:]
-    return lines + (last != b"\n")
-
-
-def _is_empty(path: str) -> bool:
-    try:
-        return os.path.getsize(path) == 0
-    except OSError:
-        return False

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from spcli.config import ROWS
+from spcli.config.scoring import ROWS
 from spcli.errors import ConfigError
 from spcli.kernels.score_triton import HAS_TRITON, IS_INTERPRETED, importance_triton
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spcli import models
 from spcli.errors import ModelError
+from spcli.models import lookup
 from spcli.plan.shapes import ModelShape
 
 LLAMA3_VOCAB = 128256
@@ -39,17 +39,17 @@ SHIPPED = "shipped config (no weights here)"
 
 def local_folder(name: str) -> Path | None:
     """The model's folder on this machine, if it is already there; never converts, builds or downloads."""
-    return models.local_folder(name)
+    return lookup.local_folder(name)
 
 
 def model_shape(name: str, dtype: str = "bfloat16") -> ModelShape:
     """A local folder's config.json and safetensors headers, else the shipped config of a preset."""
-    if name in models.BENCH_PAIR:
+    if name in lookup.BENCH_PAIR:
         raise ModelError(f"{name} is `spcli bench`'s random-weight model: plan its folder once built, or a preset")
     folder = local_folder(name)
     if folder is not None:
         return ModelShape.from_folder(folder, name=name)
     if name in SHIPPED_CONFIGS:
         return ModelShape.from_config(name, SHIPPED_CONFIGS[name], SHIPPED, dtype=dtype)
-    models.locate(name)  # raises the usual "unknown model" / "not on this machine" error
+    lookup.locate(name)  # raises the usual "unknown model" / "not on this machine" error
     raise AssertionError(f"{name} was located but has no folder")

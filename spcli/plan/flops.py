@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from spcli.config import ScoreConfig
+from spcli.config.scoring import ScoreConfig
 from spcli.plan.memory import layers_run
 from spcli.plan.shapes import ModelShape
 

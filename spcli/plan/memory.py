@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from spcli.config import SPECULATOR_CHUNK, ScoreConfig
+from spcli.config.scoring import MASK_ELEMENTS, SPECULATOR_BATCH_TOKENS, SPECULATOR_CHUNK, ScoreConfig
 from spcli.errors import ConfigError
 from spcli.plan.shapes import ModelShape
 
@@ -83,7 +83,7 @@ def batched_chunk_tokens(num_tokens: int, chunk: int, min_prompt: int = 1) -> in
     """Tokens one speculator forward holds in flight for prompts of min_prompt .. N = num_tokens tokens.
 
     speculate.prefill runs `chunk` columns across all B rows of a group at once, and a group holds up to
-    T_b = SPECULATOR_BATCH_TOKENS padded tokens (spcli/engine/prepare.py; a longer prompt goes alone). Rows of
+    T_b = SPECULATOR_BATCH_TOKENS padded tokens (spcli/stages/prepare.py; a longer prompt goes alone). Rows of
     width w: B(w) = max(1, T_b // w) of them, min(C, w) columns each, so
 
         c = max over min_prompt <= w <= N of  B(w) * min(C, w)
@@ -91,7 +91,6 @@ def batched_chunk_tokens(num_tokens: int, chunk: int, min_prompt: int = 1) -> in
     (about T_b where prompts of C tokens or fewer can be batched: many short prompts fill one group whole),
     not min(C, N), which counts one row.
     """
-    from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS  # the batched pass's size (imports torch)
 
     lo, hi = max(1, min(min_prompt, num_tokens)), num_tokens
     widths = range(lo, min(hi, SPECULATOR_BATCH_TOKENS) + 1)  # w > T_b goes alone: min(C, w) <= min(C, N)
@@ -115,7 +114,7 @@ def speculator_reserve(shape: ModelShape, num_tokens: int, score: ScoreConfig, d
         Q      = S * H * R * D * b                    the scored query rows
         ACT    = c * (3 * I + 4 * h) * b              one decoder layer's peak: 3 MLP intermediates, 4 hidden-size tensors
         MASK   = min(c * T, M) * (1 + b)              one block of a chunk's attention mask (M = MASK_ELEMENTS,
-                                                      spcli/engine/capture.py): booleans and sdpa's additive copy
+                                                      spcli/models/capture.py): booleans and sdpa's additive copy
         SC     = 2 * H * R * N * 4                    scoring: one layer's softmax and its pooled copy, fp32
         CTX    = 1 GiB                                the CUDA context and allocator slack
         reserve = W + KV + REP + Q + ACT + MASK + SC + CTX
@@ -125,8 +124,6 @@ def speculator_reserve(shape: ModelShape, num_tokens: int, score: ScoreConfig, d
     Llama-3.1-8B in bf16 at N = 32768, C = 8192, the paper's recipe (A = 8, every layer, R = 9): c = 32768
     (four 8192-token prompts in one group), 16.06 + 4.30 + 0.54 + 0.00 + 3.89 + 0.05 + 0.08 + 1.07 = 25.99 GB.
     """
-    from spcli.engine.capture import MASK_ELEMENTS  # (imports transformers)
-    from spcli.engine.prepare import SPECULATOR_BATCH_TOKENS
 
     n, b = num_tokens, dtype_bytes
     t = max(n, SPECULATOR_BATCH_TOKENS)

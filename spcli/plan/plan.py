@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from spcli import models, profiles
-from spcli.config import SPECULATOR_CHUNK, ScoreConfig, _check
-from spcli.engine.load import parse_self
-from spcli.engine.vllm_args import read_model_config
-from spcli.engine.vllm_refusals import base_quantization, refuse_speculator, stored_quantization
+from spcli.config.scoring import SPECULATOR_CHUNK, ScoreConfig, check
+from spcli.models import lookup, profiles
+from spcli.models.files import read_model_config
+from spcli.models.speculator import parse_self
 from spcli.plan import memory
 from spcli.plan.configs import local_folder, model_shape
 from spcli.plan.flops import PLACEMENTS, SpeedupLimit, speedup_limit
 from spcli.plan.memory import GiB, Reserve
+from spcli.plan.refusals import base_quantization, refuse_speculator, stored_quantization
 from spcli.plan.shapes import DTYPE_BYTES, ModelShape
 
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -37,18 +37,18 @@ class PlanConfig:
     score: ScoreConfig = field(default_factory=ScoreConfig)  # unset fields: the model's defaults
 
     def __post_init__(self) -> None:
-        _check(self.tp is None or self.tp >= 1, f"--tp must be >= 1, got {self.tp}")
-        _check(self.gpu_memory_gib > 0, f"--gpu-memory must be > 0 GiB, got {self.gpu_memory_gib}")
-        _check(self.length >= 1, f"--length must be >= 1, got {self.length}")
-        _check(0.0 < self.keep <= 1.0, f"--keep must be in (0, 1], got {self.keep}")
-        _check(self.batch >= 1, f"--batch must be >= 1, got {self.batch}")
-        _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
-        _check(self.placement is None or self.placement in PLACEMENTS,
+        check(self.tp is None or self.tp >= 1, f"--tp must be >= 1, got {self.tp}")
+        check(self.gpu_memory_gib > 0, f"--gpu-memory must be > 0 GiB, got {self.gpu_memory_gib}")
+        check(self.length >= 1, f"--length must be >= 1, got {self.length}")
+        check(0.0 < self.keep <= 1.0, f"--keep must be in (0, 1], got {self.keep}")
+        check(self.batch >= 1, f"--batch must be >= 1, got {self.batch}")
+        check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
+        check(self.placement is None or self.placement in PLACEMENTS,
                f"--placement must be driver or workers, got {self.placement!r}")
-        _check(self.kv_cache_dtype in KV_CACHE_DTYPES, f"--kv-cache-dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
-        _check(self.speculator_chunk >= 1, f"--speculator-chunk must be >= 1, got {self.speculator_chunk}")
-        _check(self.max_model_len is None or self.max_model_len >= 1, f"--max-model-len must be >= 1, got {self.max_model_len}")
-        _check(self.max_prompt_len is None or self.max_prompt_len >= 1, f"--max-prompt-len must be >= 1, got {self.max_prompt_len}")
+        check(self.kv_cache_dtype in KV_CACHE_DTYPES, f"--kv-cache-dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
+        check(self.speculator_chunk >= 1, f"--speculator-chunk must be >= 1, got {self.speculator_chunk}")
+        check(self.max_model_len is None or self.max_model_len >= 1, f"--max-model-len must be >= 1, got {self.max_model_len}")
+        check(self.max_prompt_len is None or self.max_prompt_len >= 1, f"--max-prompt-len must be >= 1, got {self.max_prompt_len}")
 
 
 @dataclass(frozen=True)
@@ -111,13 +111,13 @@ def default_prompt_len(base: ModelShape, spec: ModelShape, score: ScoreConfig, c
 
 
 def make_plan(cfg: PlanConfig) -> Plan:
-    preset = models.PRESETS.get(cfg.model)
+    preset = lookup.PRESETS.get(cfg.model)
     base = model_shape(cfg.model)
     tp = cfg.tp or (preset.tp if preset else 1)
-    _check(base.num_heads % tp == 0, f"--tp {tp} does not divide {cfg.model}'s {base.num_heads} attention heads")
+    check(base.num_heads % tp == 0, f"--tp {tp} does not divide {cfg.model}'s {base.num_heads} attention heads")
     quantization = preset.quantization if preset else None
-    dtype = models.default_dtype(cfg.model)
-    name = cfg.speculator or models.default_speculator(cfg.model)
+    dtype = lookup.default_dtype(cfg.model)
+    name = cfg.speculator or lookup.default_speculator(cfg.model)
     score = profiles.resolve_score(cfg.score, cfg.model, local_folder(cfg.model), name)
     spec = speculator_shape(base, cfg.model, name, score, quantization) if cfg.keep < 1.0 else None
     max_model_len = cfg.max_model_len or (preset.max_model_len if preset else None) or base.max_position_embeddings
@@ -130,10 +130,10 @@ def make_plan(cfg: PlanConfig) -> Plan:
     if cfg.max_prompt_len is None and spec is not None:
         max_prompt_len = default_prompt_len(base, spec, score, cfg.speculator_chunk, total, DTYPE_BYTES[dtype], tp,
                                             quantization, kv_element, max_model_len)
-    _check(cfg.length <= max_prompt_len, f"--length {cfg.length} exceeds max_prompt_len {max_prompt_len}: "
+    check(cfg.length <= max_prompt_len, f"--length {cfg.length} exceeds max_prompt_len {max_prompt_len}: "
                                          "pass --max-prompt-len (it sizes the speculator's cache)")
     kept = math.ceil(cfg.keep * cfg.length) + cfg.max_tokens
-    _check(kept <= max_model_len, f"--length {cfg.length} at --keep {cfg.keep:g} needs {kept} KV tokens per request "
+    check(kept <= max_model_len, f"--length {cfg.length} at --keep {cfg.keep:g} needs {kept} KV tokens per request "
                                   f"(kept + --max-tokens), beyond max_model_len {max_model_len}: pass --max-model-len")
 
     def kv_at() -> tuple[Reserve | None, float, int]:

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from spcli.config import RunConfig
+from spcli.config.run import RunConfig
 from spcli.errors import ConfigError
 
 log = logging.getLogger("spcli")
@@ -54,7 +54,7 @@ class ActorShape:
 
 def actor_shape(cfg: RunConfig, resources: dict) -> ActorShape:
     """How many actors, each with what, from the cluster's resources (ray.cluster_resources())."""
-    from spcli.models import PRESETS
+    from spcli.models.lookup import PRESETS
 
     gpus, cpus = int(resources.get("GPU", 0)), max(1, int(resources.get("CPU", 1)))
     preset = PRESETS.get(cfg.model)

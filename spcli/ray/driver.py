@@ -16,18 +16,21 @@ import time
 import uuid
 from pathlib import Path
 
-from spcli.config import SPLIT_ROWS, RunConfig
+from spcli.config.run import SPLIT_ROWS, RunConfig
 from spcli.errors import EngineDied, Interrupted, OutputError, SpcliError
+from spcli.io.count import count_rows
 from spcli.io.lock import WriterLock
 from spcli.io.manifest import read_manifests
-from spcli.io.read import check_shard, count_rows
-from spcli.io.records import Shard, discover
-from spcli.progress import Progress
+from spcli.io.outdir import check_out, prepare_out
+from spcli.io.read import check_shard
+from spcli.io.shards import Shard, discover
+from spcli.job.progress import Progress
+from spcli.job.stop import StopRequest
+from spcli.job.summary import RunSummary
 from spcli.ray.cluster import actor_shape, connect, require_ray
 from spcli.ray.pieces import split
 from spcli.ray.slots import Slots, Work, WorkQueue, read_slots
 from spcli.ray.worker import Worker
-from spcli.stop import StopRequest
 
 log = logging.getLogger("spcli")
 
@@ -36,9 +39,7 @@ POLL_S = 0.5  # how often the driver looks at progress and a stop while actors r
 CLOSE_S = 60.0  # how long finished actors may take to end their engines before they are ended
 
 
-def run_on_ray(cfg: RunConfig, progress: Progress | None = None):
-    from spcli.run import RunSummary, check_out, prepare_out
-
+def run_on_ray(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     out = Path(cfg.out)
     check_out(out)
     shards = discover(cfg.inputs, exclude=out)

@@ -22,9 +22,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from spcli.io.count import count_positions, line_offsets
 from spcli.io.manifest import progress_rows
-from spcli.io.read import count_positions, line_offsets
-from spcli.io.records import Shard, shard_kind
+from spcli.io.shards import Shard, shard_kind
 from spcli.ray.slots import Slots
 
 

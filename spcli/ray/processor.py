@@ -6,7 +6,7 @@
 
 Two actor-pool stages, each `Dataset.map_batches` over a callable class (Ray Data LLM's shape: a processor is a
 chain of stages, each an actor pool with its own concurrency, batch size and resources):
-  1. PrepareStage: record -> tokenize -> speculate -> select (spcli/engine/prepare.py), on the GPUs (or CPUs) it
+  1. PrepareStage: record -> tokenize -> speculate -> select (spcli/stages/prepare.py), on the GPUs (or CPUs) it
      is given. Out: the kept token ids and their positions (`tokenized_prompt`, and `sampling_params` whose
      `extra_args` carry spcli's kept positions, as spcli's vLLM worker reads them), or the row's error.
   2. BasePassStage: the base model prefills the kept tokens at their original positions and decodes:
@@ -33,7 +33,7 @@ import hashlib
 import orjson
 import pyarrow as pa
 
-from spcli.config import RunConfig
+from spcli.config.run import RunConfig
 
 SHARD_PATH = "dataset"  # how error messages name a dataset row: "dataset:line N" is not meaningful, ids are
 _IDS = pa.list_(pa.int64())
@@ -81,17 +81,17 @@ def _engine(cfg: RunConfig, prepares: bool = False):
     base weights; the same resolved run, so its dtype is the vLLM base's)."""
     import os
 
-    from spcli.engine.hf import HFEngine
-    from spcli.progress import setup_logging
+    from spcli.engines.hf.engine import HFEngine
+    from spcli.job.progress import setup_logging
+    from spcli.job.run import build_engine
+    from spcli.models.resolved import resolve_run
     from spcli.ray.worker import VLLM_EXECUTOR_ENV
-    from spcli.resolved import resolve_run
-    from spcli.run import build_engine
 
     setup_logging("WARNING")
     os.environ.setdefault(VLLM_EXECUTOR_ENV, "mp")  # vLLM's own processes for TP inside this actor, as worker.py
     resolved = resolve_run(cfg)
     if cfg.engine == "vllm":
-        from spcli.engine.vllm_engine import VllmEngine
+        from spcli.engines.vllm.driver.engine import VllmEngine
 
         if prepares:
             return HFEngine(resolved, with_base=False), resolved.cfg
@@ -125,9 +125,10 @@ class PrepareStage:
         self.engine, self.cfg = _engine(cfg, prepares=True)
 
     def __call__(self, batch):
-        from spcli.batch import prepared
-        from spcli.io.records import Shard, to_record
+        from spcli.io.records import to_record
         from spcli.io.schema import RowResult
+        from spcli.io.shards import Shard
+        from spcli.job.batch import prepared
 
         records = []
         for row, obj in enumerate(batch.to_pylist()):
@@ -158,8 +159,8 @@ class PrepareStage:
 
 def _sampling(req) -> dict:
     """vLLM's SamplingParams for a prepared request, with spcli's kept positions in `extra_args` (what spcli's
-    vLLM worker reads: spcli/engine/vllm_worker.py), as Ray Data LLM's vLLM stage takes them per row."""
-    from spcli.engine.vllm_keys import KEPT_KEY, LENGTH_KEY
+    vLLM worker reads: spcli/engines/vllm/worker/positions.py), as Ray Data LLM's vLLM stage takes them per row."""
+    from spcli.engines.vllm.keys import KEPT_KEY, LENGTH_KEY
 
     return {"max_tokens": req.max_tokens, "temperature": req.temperature, "seed": req.seed,
             "extra_args": {KEPT_KEY: req.kept.tolist(), LENGTH_KEY: req.num_prompt_tokens}}
@@ -174,11 +175,11 @@ class BasePassStage:
     def __call__(self, batch):
         import torch
 
-        from spcli.batch import output_row
-        from spcli.engine.request import PrunedRequest
         from spcli.errors import RecordError
         from spcli.io.records import Record
         from spcli.io.schema import RowResult, to_table
+        from spcli.job.batch import output_row
+        from spcli.stages.request import PrunedRequest
 
         rows = [_plain(r) for r in batch.to_pylist()]
         results: list[RowResult | None] = [None] * len(rows)

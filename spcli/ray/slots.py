@@ -1,7 +1,7 @@
 """Which manifest slot and shards each Ray actor takes next: the work queue of `spcli run --ray`.
 
 A slot is one worker manifest, `manifest-task-<slot>.json`, written the way a Slurm array task writes its
-own (spcli/run.py with a WorkerShare). A shard belongs to the slot whose manifest lists it from its first
+own (spcli/job/run.py with a WorkerShare). A shard belongs to the slot whose manifest lists it from its first
 commit on, so that its committed rows live in one manifest only (readers merge them as Slurm tasks' are
 merged). Actor w works in slot w; a replacement actor for w (the first one died) takes slot w and first
 finishes what its predecessor left there. Slots above the pool's size (an earlier run had more actors) are
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from spcli.errors import OutputError
 from spcli.io.manifest import progress_key, progress_rows, read_manifests
-from spcli.io.records import Shard
+from spcli.io.shards import Shard
 
 RAY_TASK = "ray"  # the key a Ray slot's task record carries (manifest "task": {"index": k, "ray": true, ...})
 

@@ -1,6 +1,6 @@
 """One Ray actor of `spcli run --ray`: an spcli engine that runs the job loop on the shards it is handed.
 
-Each call runs `spcli.run.run` on the actor's share, exactly as a Slurm array task runs its own: its slot's
+Each call runs `spcli.job.run.run` on the actor's share, exactly as a Slurm array task runs its own: its slot's
 manifest and lock, resume from the slot's committed rows, atomic parts, error rows for bad records. The
 engine is built on the first call and kept for the next ones (one model load per actor). The rows it
 commits are relayed to the driver's progress through a `ray.util.queue.Queue`, without their texts.
@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from spcli.config import RunConfig
-from spcli.io.records import Shard
-from spcli.progress import Progress
+from spcli.config.run import RunConfig
+from spcli.io.shards import Shard
+from spcli.job.progress import Progress
+from spcli.job.shares import WorkerShare
 
 VLLM_EXECUTOR_ENV = "SPCLI_VLLM_EXECUTOR"  # read by engine.vllm_args: vLLM's own processes for TP, not Ray's
 
@@ -41,7 +42,7 @@ class Worker:
     """The actor class (wrapped with ray.remote by the driver, so that importing this needs no Ray)."""
 
     def __init__(self, cfg: RunConfig, run_id: str, queue, log_level: str):
-        from spcli.progress import setup_logging
+        from spcli.job.progress import setup_logging
 
         setup_logging("DEBUG" if log_level == "DEBUG" else "WARNING")  # the driver logs progress and banner lines
         os.environ.setdefault(VLLM_EXECUTOR_ENV, "mp")
@@ -60,7 +61,7 @@ class Worker:
     def run(self, slot: int, owned: tuple[Shard, ...], num_slots: int, retry: bool = False) -> dict:
         """Run the shards (or row ranges) of `slot` not done yet (`owned`: every one its manifest lists, or will);
         retry: first redo the slot's committed error rows (--retry-failed)."""
-        from spcli.run import WorkerShare, run
+        from spcli.job.run import run  # in the actor only: the driver, which imports this module, needs no torch
 
         task = {"index": slot, "count": num_slots, "job_id": self.run_id, "restart_count": 0, "ray": True}
         share = WorkerShare(task, tuple(owned), self.engines)

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import orjson
 
-from spcli.config import FieldConfig, GenerateConfig, RunConfig, ScoreConfig, SelectConfig, VllmConfig
+from spcli.config.run import FieldConfig, GenerateConfig, RunConfig, VllmConfig
+from spcli.config.scoring import ScoreConfig, SelectConfig
 from spcli.errors import ConfigError, OutputError
 from spcli.io.manifest import read_manifests
-from spcli.io.records import discover
+from spcli.io.shards import discover
 from spcli.slurm import query
 from spcli.slurm.script import SubmitOptions, render_sbatch, submit, write_script
 from spcli.slurm.tasks import assign_shards
@@ -66,7 +67,7 @@ CPUS_PER_GPU = 4  # a GPU's worker process, its tokenizer and data loading
 def task_resources(cfg: RunConfig) -> tuple[int, int]:
     """GPUs and CPUs a task of `cfg` asks for by default: no GPU for a CPU model (smollm2-135m) or
     --device cpu; the tensor-parallel size (--tp, else the preset's) for --engine vllm; else one."""
-    from spcli.models import PRESETS
+    from spcli.models.lookup import PRESETS
 
     preset = PRESETS.get(cfg.model)
     if cfg.device == "cpu" or (cfg.device == "auto" and preset is not None and preset.is_cpu_model):

@@ -1,0 +1,104 @@
+"""Reading a Parquet shard: record batches streamed page by page from a start row, each row a Record or an error row."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from spcli.config.run import FieldConfig
+from spcli.errors import InputError
+from spcli.io.count import is_empty
+from spcli.io.records import Record, bad_record, to_record, too_long_record
+from spcli.io.shards import Shard
+
+PARQUET_BATCH_ROWS = 1024
+
+
+PARQUET_BUFFER_BYTES = 1 << 20  # stream column chunks page by page: memory stays flat with row-group size
+
+
+def open_parquet(shard: Shard) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(shard.path, buffer_size=PARQUET_BUFFER_BYTES)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{shard.path}: not a readable Parquet file ({e})") from e
+
+
+def parquet_columns(pf: pq.ParquetFile, shard: Shard, fields: FieldConfig) -> list[str]:
+    names = set(pf.schema_arrow.names)
+    if fields.prompt not in names and fields.messages not in names:
+        raise InputError(f"{shard.path}: Parquet file has no {fields.prompt!r} or {fields.messages!r} column "
+                         f"(columns: {', '.join(sorted(names))}); name yours with --prompt-field or --messages-field")
+    if fields.id != FieldConfig().id and fields.id not in names:
+        raise InputError(f"{shard.path}: Parquet file has no {fields.id!r} column (--id-field); its columns: "
+                         f"{', '.join(sorted(names))}")
+    if fields.instruction != FieldConfig().instruction and fields.instruction not in names:
+        raise InputError(f"{shard.path}: Parquet file has no {fields.instruction!r} column (--instruction-field); its "
+                         f"columns: {', '.join(sorted(names))}")
+    wanted = [fields.id, fields.prompt, fields.messages, fields.instruction, "max_tokens", "keep", "temperature"]
+    return list(dict.fromkeys(c for c in wanted if c in names))
+
+
+def _record_bytes(obj: dict, fields: FieldConfig, limit: int) -> int:
+    """UTF-8 size of a row's prompt or message contents (exact only where it could exceed `limit`)."""
+    texts = [obj.get(fields.prompt)]
+    if isinstance(obj.get(fields.messages), list):
+        texts += [m.get("content") for m in obj[fields.messages] if isinstance(m, dict)]
+    texts = [t for t in texts if isinstance(t, (str, bytes))]
+    size = sum(len(t) for t in texts)
+    if 4 * size <= limit:  # a character is at most 4 bytes
+        return size
+    return sum(len(t) if isinstance(t, bytes) else len(t.encode("utf-8", "surrogatepass")) for t in texts)
+
+
+def _rows(batch: pa.RecordBatch) -> Iterator[dict | str]:
+    """A batch's rows as dicts; a row whose strings are not valid UTF-8 comes as the problem's text."""
+    try:
+        yield from batch.to_pylist()
+    except UnicodeDecodeError:
+        for i in range(batch.num_rows):
+            try:
+                yield batch.slice(i, 1).to_pylist()[0]
+            except UnicodeDecodeError as u:
+                yield f"invalid UTF-8 at byte {u.start} of a string column"
+
+
+def read_parquet(shard: Shard, fields: FieldConfig, start_row: int, limit: int) -> Iterator[Record]:
+    if is_empty(shard.path):
+        return
+    pf = open_parquet(shard)
+    columns = parquet_columns(pf, shard, fields)
+    first = 0  # first row of row group g
+    for g in range(pf.num_row_groups):
+        num_rows = pf.metadata.row_group(g).num_rows
+        if first + num_rows > start_row:
+            yield from _read_row_group(pf, g, first, num_rows, columns, shard, fields, start_row, limit)
+        first += num_rows
+
+
+def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, columns: list[str], shard: Shard,
+                    fields: FieldConfig, start_row: int, limit: int) -> Iterator[Record]:
+    row = first
+    batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[g], columns=columns, use_threads=False)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"{shard.path}: corrupt Parquet data in row group {g} (rows {first}-{first + num_rows - 1}): {e}") from e
+        if batch is None:
+            return
+        if row + batch.num_rows <= start_row:
+            row += batch.num_rows
+            continue
+        for obj in _rows(batch):
+            if row >= start_row:
+                if isinstance(obj, str):
+                    yield bad_record(shard, row, obj)
+                elif (size := _record_bytes(obj, fields, limit)) > limit:
+                    row_id = obj.get(fields.id)
+                    yield too_long_record(shard, row, size, limit, None if row_id in (None, "") else (str(row_id), False))
+                else:
+                    yield to_record({k: v for k, v in obj.items() if v is not None}, shard, row, "parquet", fields)
+            row += 1
