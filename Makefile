@@ -20,7 +20,7 @@ TEST_WORKERS ?= 2
 # Ray binds the machine's interface address otherwise, whatever it is asked for
 LOOPBACK := sh tests/loopback.sh
 
-.PHONY: demo test setup setup-test setup-vllm browser test-hf test-vllm test-extended docs clean models-qwen
+.PHONY: demo test setup setup-test setup-vllm browser slurm-packages test-hf test-vllm test-extended docs clean models-qwen
 
 $(VENV)/.base: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -63,13 +63,18 @@ VLLM_TESTS := tests/test_engines_vllm_driver_engine.py tests/test_engines_vllm_r
 test:
 	$(MAKE) -j3 --output-sync=target test-hf test-vllm
 
-test-hf: $(VENV)/.test browser
+test-hf: $(VENV)/.test browser slurm-packages
 	$(LOOPBACK) $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not extended"
 
 setup-vllm: $(VLLM_VENV)/.base
 
 browser:
 	sh tests/browser_setup.sh
+
+# Slurm's Debian packages, installed before the tests enter their network namespace (apt needs the network there
+# is not); without root or apt the Slurm tests skip and say why
+slurm-packages:
+	bash tests/slurm/cluster.sh install || true
 
 test-vllm: $(VLLM_VENV)/.base
 	$(LOOPBACK) $(VLLM_VENV)/bin/python -m pytest -q -m "not extended" $(VLLM_TESTS)

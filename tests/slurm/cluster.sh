@@ -289,6 +289,7 @@ status() {
 
 case ${1:-} in
   up | down | status) "$1" ;;
+  install) ensure_packages ;;  # the Debian packages only (make test, outside the tests' network namespace)
   env) echo "export SLURM_CONF=$SLURM_CONF" ;;
-  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|install" >&2; exit 2 ;;
 esac
