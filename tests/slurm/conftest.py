@@ -148,6 +148,7 @@ class SlurmCluster:
         return proc.stdout.strip().split(";")[0]
 
     start_timeout = START_TIMEOUT_S
+    report = staticmethod(cluster_report)
     wait_for_job = staticmethod(wait_for_job)
     wait_for_path = staticmethod(wait_for_path)
     sacct_rows = staticmethod(sacct_rows)

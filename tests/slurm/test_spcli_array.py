@@ -97,11 +97,19 @@ def committed_rows(out: Path, task: int) -> int:
         return 0
 
 
-def wait_until_committed(out: Path, tasks: range, timeout: float) -> None:
+def task_logs(out: Path) -> str:
+    """The last lines of each task's Slurm log: for a failure message."""
+    logs = sorted((out / "slurm" / "logs").glob("*.out"))
+    return "\n".join(f"{log.name}, last 30 lines:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+                     for log in logs) or "no task log yet"
+
+
+def wait_until_committed(slurm_cluster, out: Path, tasks: range, timeout: float) -> None:
     """Until each task has committed a row (so it is mid-shard, past start-up)."""
     deadline = time.monotonic() + timeout
     while not all(committed_rows(out, t) >= 1 for t in tasks):
-        assert time.monotonic() < deadline, f"no commit from tasks {list(tasks)} in {timeout:.0f} s"
+        assert time.monotonic() < deadline, (f"no commit from tasks {list(tasks)} in {timeout:.0f} s\n"
+                                             f"{task_logs(out)}\n{slurm_cluster.report()}")
         time.sleep(0.1)
 
 
@@ -134,7 +142,7 @@ def test_usr1_mid_run_commits_requeues_and_resumes(slurm_cluster, tmp_path, tiny
     ids = write_shards(tmp_path / "data", 1, ROWS)
     out = tmp_path / "out"
     job = submit(tmp_path / "data", out, "--tasks", "1", run_args=["--model", str(tiny_dir), *FAST, *SLOW])
-    wait_until_committed(out, range(1), timeout=60)
+    wait_until_committed(slurm_cluster, out, range(1), timeout=60)
 
     slurm_cluster.run("scancel", "--batch", "--signal=USR1", f"{job}_0")
     rows = slurm_cluster.wait_for_job(job, timeout=120, tasks=1)
@@ -159,7 +167,7 @@ def test_preemption_requeues_the_victims_which_finish(slurm_cluster, tmp_path, t
     out = tmp_path / "out"
     low = submit(tmp_path / "data", out, "--tasks", "2", "--partition", "debug",
                  run_args=["--model", str(tiny_dir), *FAST, *SLOW])
-    wait_until_committed(out, range(2), timeout=60)
+    wait_until_committed(slurm_cluster, out, range(2), timeout=60)
 
     high = slurm_cluster.sbatch("--partition=high", "--exclusive", "--output=/dev/null", "--wrap", "sleep 1")
     high_rows = slurm_cluster.wait_for_job(high, timeout=60)
