@@ -38,33 +38,6 @@ def bench_here(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess([name, *args], code, out.getvalue(), err.getvalue())
 
 
-def test_keep_auto_spread_bench_gives_every_criterion_a_rate_within_the_bounds(tmp_path, tiny_dir):
-    out = tmp_path / "spread.json"
-    proc = bench("keep_auto_spread.py", "--model", str(tiny_dir), "--samples", "1", "--length", "400", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rates = json.loads(out.read_text())["rates"]
-    for prefix in ("pooled-mean-", "pooled-max-", "unpooled-mean-", "unpooled-max-"):  # ~400-token prompts: ceil(0.5 n) / n is under 0.5 + 1/300
-        for key in ("median@0.8", "plain@0.8", "perplexity@2", "outlier@4"):
-            groups = rates[prefix + key]
-            assert sorted(groups) == ["niah", "niah-scatter", "summarise"]
-            assert all(0.05 <= r <= 0.5 + 1 / 300 for per in groups.values() for r in per), (key, groups)
-    assert "spread" in proc.stdout and "diffuse" in proc.stdout
-
-
-def test_keep_auto_mixed_set_is_records_spcli_run_reads(tmp_path, tiny_dir):
-    from spcli.config.run import FieldConfig
-    from spcli.io.read import read_records
-    from spcli.io.shards import discover
-
-    out = tmp_path / "mixed.jsonl"
-    proc = bench("keep_auto_mixed.py", "--model", str(tiny_dir), "--length", "400", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    records = [r for shard in discover([str(out)]) for r in read_records(shard, FieldConfig())]
-    assert [r.error for r in records] == [None] * 6
-    assert [r.id.split("-")[0] for r in records] == ["niah"] * 4 + ["summarise"] * 2
-    assert all(r.messages and r.messages[0]["role"] == "user" for r in records)
-
-
 def test_eval_pairs_bench_gives_the_paired_differences_of_the_journal_rows(tmp_path, tiny_dir):
     from spcli.config.scoring import SelectConfig
     from spcli.evaluate.config import EvalConfig
