@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from spcli.commands import panels as help_panels
+from spcli.config.run import GROUP_MAX
 from spcli.config.scoring import KEEP_SCALE, MAX_PRUNE_COST, MAX_UNIT, MIN_FREE, MIN_TOKENS, PROTECT, SPECULATOR_CHUNK
 from spcli.errors import EXIT_FAILURE, SpcliError
 from spcli.models.device import nvml_device_checks
@@ -127,6 +128,9 @@ def run(
     pass_through: Annotated[Optional[str], typer.Option(metavar="COLS", help="Input columns (comma-separated) copied unchanged into every output row, beside id and output (Parquet keeps their types); with openai, into the Parquet side output.", show_default=False)] = None,
     instruction_field: Annotated[str, typer.Option(help="Input field holding an instruction (a question, a task): put beside the prompt (--instruction-at), a blank line between, and never dropped (--protect instruction). With a raw prompt it is read as one user message through the model's chat template.")] = "instruction",
     instruction_at: Annotated[str, typer.Option(help="Where a record's instruction goes: after = after the prompt (or the last user message's content), right before the answer; before = before the prompt (or the first user message's), and the speculator reads it again after the prompt (--restate).")] = "after",
+    groups: Annotated[str, typer.Option(help="auto: consecutive records of the same document (the same prompt-field text, or the same messages but the last; or --group-field) form a group: the speculator reads the document once, the group keeps the union of its questions' selections in it plus each question's own tokens, and the base prefills it once (vLLM: prefix caching), so a question's answer also depends on its group's other questions (never on batches, workers or resume points); where that would not beat full prefill with the document prefilled once, the group keeps every token. off: each record alone. A directory made before groups resumes with them off.")] = "auto",
+    group_field: Annotated[Optional[str], typer.Option(metavar="NAME", help="Input field whose equal values, one record after another, name a group (instead of equal prompt text).", show_default=False)] = None,
+    group_max: Annotated[int, typer.Option(metavar="N", help="Records per group at most (a group never crosses a row that is a multiple of N), which bounds a group's speculator pass and base prefill.")] = GROUP_MAX,
     save_scores: Annotated[bool, typer.Option(help="Also write per-token importance.")] = False,
     truncate: Annotated[str, typer.Option(help="Prompts longer than the model's context minus --max-tokens: error = an error row; left = drop their first tokens (keep the end); middle = drop tokens from the middle (keep the start and the end).")] = "error",
     max_record_bytes: Annotated[int, typer.Option(help="Longer input records become error rows without being parsed.")] = 8 << 20,

@@ -19,12 +19,13 @@ INPUT, MODEL, SELECTION, GENERATION, ENGINE, OUTPUT = (
 ORDER = (INPUT, MODEL, SELECTION, GENERATION, ENGINE, OUTPUT)
 
 PANELS: dict[str, str] = {
-    **dict.fromkeys(("prompt_field", "messages_field", "id_field", "instruction_field", "instruction_at", "max_record_bytes",
+    **dict.fromkeys(("prompt_field", "messages_field", "id_field", "instruction_field", "instruction_at", "group_field", "max_record_bytes",
                      "truncate"), INPUT),
     **dict.fromkeys(("model", "speculator", "lookahead", "window", "score_layers", "pool", "rows", "score_impl",
                      "speculator_chunk"), MODEL),
     **dict.fromkeys(("keep", "keep_scale", "keep_min", "keep_max", "chunk", "keep_first", "keep_last", "min_tokens",
-                     "min_free", "max_prune_cost", "unit", "max_unit", "unit_score", "protect", "restate"), SELECTION),
+                     "min_free", "max_prune_cost", "unit", "max_unit", "unit_score", "protect", "restate", "groups",
+                     "group_max"), SELECTION),
     **dict.fromkeys(("max_tokens", "temperature", "top_p", "seed", "logprobs"), GENERATION),
     **dict.fromkeys(("engine", "device", "dtype", "batch_size", "tp", "max_model_len", "max_prompt_len", "gpu_memory_utilization",
                      "max_num_batched_tokens", "enforce_eager", "max_num_seqs", "kv_cache_dtype",

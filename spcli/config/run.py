@@ -21,6 +21,9 @@ from spcli.config.scoring import (
     check_speculator_chunk,
 )
 
+GROUPS = ("auto", "off")  # --groups: auto = consecutive records of the same prompt text (or --group-field) share it
+GROUP_MAX = 16  # --group-max: a group's records, so its speculator pass and base prefill stay bounded
+GROUP_RULE = "union"  # what a group keeps of its document: the union of its questions' selections (docs/results.md)
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: per device (spcli.models.dtype)
 ENGINES = ("hf", "vllm")
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -57,6 +60,7 @@ class FieldConfig:
     id: str = "id"
     instruction: str = "instruction"  # text put beside the prompt (or a user message) and never dropped
     instruction_at: str = "after"  # after the prompt (or the last user message's content) | before it (or the first's)
+    group: str | None = None  # --group-field: records of equal values, one after another, share a document (spcli.io.groups)
 
     def __post_init__(self) -> None:
         check(self.instruction_at in INSTRUCTION_PLACES,
@@ -125,6 +129,8 @@ class RunConfig:
     pass_through: tuple[str, ...] = ()  # input columns copied into the output rows (a comma-separated string is split)
     ray: str | None = None  # None: this process; "": a local Ray cluster (started or joined); else its address
     ray_workers: int | None = None  # actors of a Ray run (None: as many as the cluster's GPUs or CPUs hold)
+    groups: str = "auto"  # consecutive records of one document share its speculator pass and kept set (spcli.io.groups)
+    group_max: int = GROUP_MAX  # records per group at most
     split_rows: int | None = None  # --ray: files of more rows run as ranges of this many (None: SPLIT_ROWS; 0: whole)
     select: SelectConfig = field(default_factory=SelectConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
@@ -150,8 +156,15 @@ class RunConfig:
         check(all(self.pass_through), f"--pass-through takes column names, comma-separated, got {self.pass_through}")
         check(self.ray_workers is None or self.ray_workers >= 1, f"--ray-workers must be >= 1, got {self.ray_workers}")
         check(self.ray_workers is None or self.ray is not None, "--ray-workers needs --ray")
+        check(self.groups in GROUPS, f"--groups must be one of {', '.join(GROUPS)}, got {self.groups!r}")
+        check(self.group_max >= 1, f"--group-max must be >= 1, got {self.group_max}")
         check(self.split_rows is None or self.split_rows >= 0, f"--split-rows must be >= 0, got {self.split_rows}")
         check(self.split_rows is None or self.ray is not None, "--split-rows needs --ray")
+
+    @property
+    def grouped(self) -> int | None:
+        """--group-max where records are grouped, None with --groups off (each record alone)."""
+        return None if self.groups == "off" else self.group_max
 
     @property
     def hf_batch(self) -> int:
@@ -188,6 +201,12 @@ class RunConfig:
             d["score"].pop("restate")
         if d["fields"]["instruction_at"] == "before":  # where instructions went before --instruction-at: those resume
             del d["fields"]["instruction_at"]
+        if self.groups == "off":  # each record alone, as before groups: those directories resume
+            for k in ("groups", "group_max"):
+                d.pop(k)
+            d["fields"].pop("group")
+        else:
+            d["group_rule"] = GROUP_RULE
         d.pop("vllm")  # parallelism, memory and placement: same outputs
         if not d["pass_through"]:  # absent without it, as before: those directories resume
             d.pop("pass_through")

@@ -40,7 +40,10 @@ def header_line(view_row: dict, num_tokens: int | None = None) -> str:
     if r.get("error") is not None:
         return f"{r['id']} | error: {r['error']}"
     n = num_tokens if num_tokens is not None else r["num_prompt_tokens"]
-    return (f"{r['id']} | {n} prompt tokens | kept {r['num_kept_tokens']} ({pct(r.get('keep_rate'))}) | "
+    size = r.get("group_size") or 1
+    shared = (f" | document kept with {size - 1} other question{'s' if size > 2 else ''} (group {r['group']})"
+              if r.get("group") is not None and size > 1 else "")
+    return (f"{r['id']} | {n} prompt tokens | kept {r['num_kept_tokens']} ({pct(r.get('keep_rate'))}){shared} | "
             f"{r.get('finish_reason')} | output: {json.dumps(r.get('output'), ensure_ascii=False)}")
 
 

@@ -17,6 +17,7 @@ import orjson
 
 from spcli.config.run import FieldConfig
 from spcli.errors import InputError
+from spcli.io.groups import same_group, window_start
 from spcli.io.parquet import open_parquet, parquet_columns, read_parquet
 from spcli.io.records import Record, bad_record, to_record, too_long_record
 from spcli.io.shards import Shard, shard_kind
@@ -43,6 +44,29 @@ def read_records(shard: Shard, fields: FieldConfig, start_row: int = 0, max_reco
     for rec in records:
         if rec.row >= shard.rows[1]:
             return
+        yield rec
+
+
+def read_from(shard: Shard, fields: FieldConfig, start_row: int, max_record_bytes: int,
+              group_max: int | None = None) -> Iterator[Record]:
+    """read_records from start_row; with groups (group_max given), the records before start_row that share its group
+    come first, marked is_context (a group cut by a resume point or a range edge is read whole; spcli.io.groups)."""
+    if group_max is None or start_row == 0:
+        yield from read_records(shard, fields, start_row, max_record_bytes)
+        return
+    before: list[Record] = []
+    for rec in read_records(shard, fields, window_start(start_row, group_max), max_record_bytes):
+        if rec.row < start_row:
+            before.append(rec)
+            continue
+        context, cur = [], rec
+        while before and same_group(before[-1], cur, group_max):
+            cur = before.pop()
+            context.append(cur)
+        for c in reversed(context):
+            c.is_context = True
+            yield c
+        before = []
         yield rec
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from spcli.config.run import FieldConfig
 from spcli.config.scoring import AUTO
 from spcli.errors import RecordError
+from spcli.io.groups import group_key
 from spcli.io.shards import Shard, shard_kind
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -44,6 +45,9 @@ class Record:
     endpoint: str | None = None  # "/v1/chat/completions" (messages) | "/v1/completions" (prompt)
     protected: tuple[str, ...] = ()  # texts of the prompt never dropped (its instruction field), in order
     error: str | None = None  # set when the record is bad: it becomes an error row
+    group_key: str | None = None  # records one after another with equal keys share a document (spcli.io.groups)
+    is_context: bool = False  # read again only for its group's shared part: its row is committed already, or is
+    # another reader's (a resume point, a Ray range's edge or --retry-failed inside a group); no row is made of it
 
 
 def where(shard_path: str, row: int, kind: str | None) -> str:
@@ -190,6 +194,7 @@ def to_record(obj: Any, shard: Shard, row: int, kind: str, fields: FieldConfig) 
             rec.endpoint = rec.endpoint or "/v1/completions"
         else:
             raise RecordError(f"field {prompt_key!r} (or {messages_key!r}) is missing or null")
+        rec.group_key = group_key(src, prompt_key, messages_key, fields.group)
         if src.get(fields.instruction) is not None:
             put_instruction(rec, src[fields.instruction], fields.instruction, fields.instruction_at)
         rec.max_tokens = _number(src, max_key, int, 1, 1 << 20, max_key)

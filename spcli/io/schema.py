@@ -27,6 +27,8 @@ class RowResult:
     custom_id: str | None = None  # OpenAI batch requests
     endpoint: str | None = None
     logprobs: list[dict] | None = None  # with --logprobs N: per generated token, see LOGPROB below
+    group: str | None = None  # the document group whose kept prefix this row shares (its first record's id), if any
+    group_size: int | None = None  # that group's records (spcli.stages.share)
 
     @property
     def keep_rate(self) -> float | None:
@@ -57,6 +59,8 @@ def output_schema(save_scores: bool) -> pa.Schema:
         pa.field("error", pa.string()),
         pa.field("custom_id", pa.string()),  # OpenAI batch requests: the key of the response lines
         pa.field("logprobs", pa.list_(LOGPROB)),  # null unless --logprobs N
+        pa.field("group", pa.string()),  # null unless the row shared its document with a group (--groups)
+        pa.field("group_size", pa.int32()),
     ]
     if save_scores:
         fields.append(pa.field("importance", pa.list_(pa.float32())))
@@ -73,6 +77,8 @@ def to_dict(r: RowResult, save_scores: bool) -> dict:
     }
     if r.logprobs is not None:  # JSONL carries the key only when asked
         d["logprobs"] = r.logprobs
+    if r.group is not None:  # and the group only where there is one
+        d["group"], d["group_size"] = r.group, r.group_size
     if save_scores:
         d["importance"] = r.importance
     return d

@@ -11,10 +11,10 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
-from itertools import islice
 
 from spcli.config.run import RunConfig
 from spcli.errors import RecordError, StopAtSafePoint
+from spcli.io.groups import Whole
 from spcli.io.records import Record, where
 from spcli.io.schema import RowResult
 from spcli.io.shards import shard_kind
@@ -56,6 +56,7 @@ def output_row(rec: Record, shard_paths: dict[int, str], req: PrunedRequest, gen
         importance=req.importance.tolist() if (save_scores and req.importance is not None) else None,
         custom_id=rec.custom_id, endpoint=rec.endpoint,
         logprobs=logprob_rows(gen, tokenizer) if tokenizer is not None else None,
+        group=req.group, group_size=req.group_size if req.group is not None else None,
     )
 
 
@@ -162,6 +163,7 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
     is_exhausted = False
     ready_at = None  # when the loop first saw vLLM started
     is_settling = False  # after a Ctrl-C: only the requests that finished rows wait on run on
+    records = Whole(records, cfg.group_max, is_on=cfg.grouped is not None)  # windows never cut a group
 
     def settle() -> None:
         nonlocal is_exhausted, is_settling
@@ -189,7 +191,7 @@ def stream_rows(stream, engine, records: Iterator[Record], cfg: RunConfig, shard
             ready_at = time.perf_counter()
         ahead = stream.capacity(size) if is_ready else stream.head_start()
         if not is_exhausted and not scoring and len(pending) + num_scoring < ahead:
-            batch = list(islice(records, window or stream.window(prompt_tokens / count if count else 0, size)))
+            batch = records.take(window or stream.window(prompt_tokens / count if count else 0, size))
             is_exhausted = not batch
             if batch:
                 on_window(batch)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from spcli.config.run import RunConfig
 from spcli.errors import StopAtSafePoint
 from spcli.io.ids import mark_duplicates
-from spcli.io.read import read_records
+from spcli.io.read import read_from
 from spcli.io.records import Record
 from spcli.io.schema import RowResult
 from spcli.io.shards import Shard
@@ -45,12 +45,15 @@ class Reorder:
         """Every shard's records from its committed row on, in order; each record and shard end joins `order`."""
         for shard in shards:
             prog = self.manifest.shards[shard.index]
-            for rec in read_records(shard, self.cfg.fields, prog.next_row, self.cfg.max_record_bytes):
-                self.order.append(rec)
+            for rec in read_from(shard, self.cfg.fields, prog.next_row, self.cfg.max_record_bytes, self.cfg.grouped):
+                if not rec.is_context:  # read for its group's shared part only: its row was committed before
+                    self.order.append(rec)
                 yield rec
             self.order.append(ShardEnd(shard))
 
     def add(self, rec: Record, row: RowResult) -> None:
+        if rec.is_context:
+            return
         self.finished[id(rec)] = row
         self.flush()
 

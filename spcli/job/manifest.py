@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -30,6 +31,20 @@ def fingerprint_fields(resolved: ResolvedRun, shards: list[Shard]) -> dict:
     fields["device_type"] = resolved.device.type  # cpu and cuda kernels round bf16 differently
     fields["inputs"] = [{k: v for k, v in s.items() if k != "index"} for s in input_identity(shards)]
     return fields
+
+
+def groups_for(resolved: ResolvedRun, out: Path, task: dict | None) -> ResolvedRun:
+    """--groups auto on a directory whose rows were made before groups (its fingerprint names no group rule): each
+    record alone, as they were made, so that it resumes as before; a new directory groups."""
+    cfg = resolved.cfg
+    path = out / manifest_name(task["index"] if task else None)
+    if cfg.groups != "auto" or cfg.fresh or not path.exists():
+        return resolved
+    old = Manifest.load(path)
+    if not old.committed_parts() or "group_rule" in old.fingerprint_fields:
+        return resolved
+    log.info("groups: off (%s was made before document groups; its rows were made one record at a time)", out)
+    return dataclasses.replace(resolved, cfg=dataclasses.replace(cfg, groups="off"))
 
 
 def open_manifest(resolved: ResolvedRun, out: Path, shards: list[Shard], task: dict | None,

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 
 from spcli.errors import StopAtSafePoint
 from spcli.io import replace
 from spcli.io.commit import batch_prefill_s
 from spcli.io.ids import IdIndex, mark_duplicates
+from spcli.io.groups import Whole, assign, own_rows, window_start
 from spcli.io.read import read_records
 from spcli.io.records import Record
 from spcli.io.shards import Shard
@@ -38,14 +38,26 @@ def find_failed(out: Path, manifest, shards: list[Shard]) -> dict[int, dict[int,
 
 
 def records_at(shard: Shard, rows: set[int], cfg) -> list[Record]:
-    """The shard's records at `rows`, read again (one pass from the first of them)."""
-    last = max(rows)
-    found = []
-    for rec in read_records(shard, cfg.fields, min(rows), cfg.max_record_bytes):
-        if rec.row in rows:
-            found.append(rec)
+    """The shard's records at `rows`, read again (one pass from the first of them); with groups, each with its
+    group's other records, marked is_context (they choose what of the shared document is kept; their rows stand)."""
+    group_max = cfg.grouped
+    first, last = min(rows), max(rows)
+    if group_max is not None:  # a group never crosses a multiple of group_max (spcli.io.groups)
+        first, last = window_start(first, group_max), window_start(last, group_max) + group_max - 1
+    read = []
+    for rec in read_records(shard, cfg.fields, first, cfg.max_record_bytes):
+        read.append(rec)
         if rec.row >= last:
             break
+    if group_max is None:
+        return [rec for rec in read if rec.row in rows]
+    found = []
+    for group in assign(read, group_max):
+        members = [read[i] for i in group]
+        if any(m.row in rows for m in members):
+            for m in members:
+                m.is_context = m.row not in rows
+            found += members
     return found
 
 
@@ -57,8 +69,8 @@ def retry_failed(cfg, out: Path, manifest, committer, shards: list[Shard], faile
         where = failed.get(shard.index)
         if not where:
             continue
-        records = iter(records_at(shard, set(where), cfg))
-        while batch := list(islice(records, cfg.hf_batch)):
+        records = Whole(records_at(shard, set(where), cfg), cfg.group_max, is_on=cfg.grouped is not None)
+        while batch := records.take(cfg.hf_batch):
             check_stop()
             mark_duplicates(batch, ids, paths)
             try:
@@ -73,6 +85,7 @@ def retry_failed(cfg, out: Path, manifest, committer, shards: list[Shard], faile
                             "its rows stay failed until the next --retry-failed", len(batch))
                 check_stop()
                 raise
+            batch, rows = own_rows(batch, rows)  # a failed row's group-mates stand as committed
             by_part: dict[str, dict] = {}
             for r in rows:
                 by_part.setdefault(where[r.row], {})[r.row] = r

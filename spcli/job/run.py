@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterator
-from itertools import islice
 from pathlib import Path
 
 import orjson
@@ -25,13 +24,14 @@ from spcli.io.manifest import (
     Manifest,
 )
 from spcli.io.outdir import check_not_ray, check_out, prepare_out
-from spcli.io.read import check_shard, first_record, read_records
+from spcli.io.groups import Whole, own_rows
+from spcli.io.read import check_shard, first_record, read_from
 from spcli.io.records import Record
 from spcli.io.shards import Shard, discover
 from spcli.job import retry
 from spcli.job.banner import banner_lines, resume_line
 from spcli.job.batch import note_warnings, row_notes, run_batch
-from spcli.job.manifest import fingerprint_fields, open_manifest
+from spcli.job.manifest import fingerprint_fields, groups_for, open_manifest
 from spcli.job.progress import Progress
 from spcli.job.shares import WorkerShare, my_shards
 from spcli.job.stop import StopRequest
@@ -41,8 +41,10 @@ from spcli.models.resolved import ResolvedRun, resolve_run
 log = logging.getLogger("spcli")
 
 
-def batches(records: Iterator[Record], size: int) -> Iterator[list[Record]]:
-    while batch := list(islice(records, size)):
+def batches(records: Iterator[Record], size: int, group_max: int | None = None) -> Iterator[list[Record]]:
+    """Batches of `size` records, each extended to the end of its last group (never cut inside one)."""
+    whole = Whole(records, group_max or 1, is_on=group_max is not None)
+    while batch := whole.take(size):
         yield batch
 
 
@@ -105,6 +107,7 @@ def _remove_if_empty(out: Path) -> None:
 def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shards: list[Shard], task: dict | None,
                 stop: StopRequest, progress: Progress, warnings: dict[int, str | None], pass_through=None,
                 share: WorkerShare | None = None) -> RunSummary:
+    resolved = groups_for(resolved, out, task)
     cfg = resolved.cfg
     manifest = open_manifest(resolved, out, shards, task, all_shards if share is not None else None)
     make_engine = build_engine if share is None else lambda r: kept_engine(share.engines, r)
@@ -178,7 +181,8 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
     for shard in todo:
         prog = manifest.shards[shard.index]
         with committer.keeping_finished_rows(lambda: stop.requested):
-            for batch in batches(read_records(shard, cfg.fields, prog.next_row, cfg.max_record_bytes), cfg.hf_batch):
+            for batch in batches(read_from(shard, cfg.fields, prog.next_row, cfg.max_record_bytes, cfg.grouped),
+                                 cfg.hf_batch, cfg.grouped):
                 _check_stop(stop, committer, manifest)
                 mark_duplicates(batch, ids, paths)
                 if engine is None:
@@ -192,6 +196,7 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
                     _check_stop(stop, committer, manifest)
                     raise
                 assert len(rows) == len(batch), "every record gives exactly one row"
+                batch, rows = own_rows(batch, rows)  # a group's records before the resume point made theirs before
                 notes += row_notes(batch, rows, cfg.select)
                 committer.add(shard.index, batch[-1].row + 1, rows)
                 progress.update(rows)

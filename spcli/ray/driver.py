@@ -53,6 +53,8 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
         raise OutputError(f"{out}: shard {gone[0]} was run here and is no longer among the inputs; give the same inputs")
     progress = progress or Progress(total=None)
     split_rows = SPLIT_ROWS if cfg.split_rows is None else cfg.split_rows
+    if cfg.grouped and split_rows % cfg.grouped:  # a range edge at a multiple of --group-max never cuts a group
+        split_rows += cfg.grouped - split_rows % cfg.grouped
     units = split(shards, slots, split_rows)
     to_retry = slots.failed_rows(units) if cfg.retry_failed else 0
     if all(u.key in slots.done for u in units) and not to_retry and not cfg.fresh:

@@ -34,6 +34,7 @@ import orjson
 import pyarrow as pa
 
 from spcli.config.run import RunConfig
+from spcli.errors import ConfigError
 
 SHARD_PATH = "dataset"  # how error messages name a dataset row: "dataset:line N" is not meaningful, ids are
 _IDS = pa.list_(pa.int64())
@@ -57,7 +58,11 @@ def build_processor(*, concurrency: int = 1, batch_size: int = 8, num_cpus: floa
     from spcli.ray.cluster import require_ray
 
     require_ray()
-    cfg = run_config(["-"], "-", **flags)
+    # each row alone: Ray Data cuts its batches where it likes, and a group's rows must not depend on where
+    if flags.get("groups", "off") != "off":
+        raise ConfigError("build_processor runs every record alone (groups='off'): Ray Data batches rows where it "
+                          "likes, so a document group could be cut; use `spcli run --ray` for document groups")
+    cfg = run_config(["-"], "-", **{**flags, "groups": "off"})
     return SpcliProcessor(cfg, concurrency, prepare_concurrency or concurrency, batch_size, num_cpus, num_gpus)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,7 @@ from spcli.stages.pays import pays, shapes
 from spcli.stages.request import PrunedRequest
 from spcli.stages.restate import prompt_part, restated_for
 from spcli.stages.select import is_pruned, select_tokens
+from spcli.stages.share import Group, find_groups, group_pays, keep_whole, mark, unite
 from spcli.stages.speculate import Speculation, speculate_batch
 from spcli.stages.tokenize import cross_tokenize, tokenize, tokenize_units
 
@@ -79,8 +80,11 @@ def start_prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_s
         except RecordError as e:
             out.append(e)
     ready = [i for i, r in enumerate(out) if isinstance(r, PrunedRequest)]
+    position = {i: k for k, i in enumerate(ready)}
+    groups = [Group([position[i] for i in g.members], g.name, g.shared_len)
+              for g in find_groups(records, out, cfg.grouped, cfg.select)]
     scoring = start_prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop,
-                          cfg.speculator_chunk, with_unpooled, overlap)
+                          cfg.speculator_chunk, with_unpooled, overlap, groups)
     return dataclasses.replace(scoring, prepared=(out, ready))
 
 
@@ -117,6 +121,9 @@ class Scoring:
     select: SelectConfig
     speculation: MadePass  # or vllm_engine.WorkerScoring: the same two methods
     prepared: tuple[list, list[int]] | None = None
+    groups: list[Group] = field(default_factory=list)  # documents shared by several requests (spcli.stages.share)
+    pair: tuple | None = None  # (base, speculator) shapes, for a group's second look at whether sharing pays
+    score: ScoreConfig | None = None
 
     def ready(self) -> bool:
         return self.speculation.ready()
@@ -136,12 +143,26 @@ class Scoring:
             req.kept = select_tokens(req.importance, self.select, req.keep, req.forced, req.unpooled, req.units,
                                      req.protected)
             req.speculate_s = spec.speculate_s + time.perf_counter() - t0
+        self._share(out)
         if self.prepared is None:
             return out
         records_out, ready = self.prepared
         for i, r in zip(ready, out):
             records_out[i] = r
         return records_out
+
+
+    def _share(self, out: list) -> None:
+        """Each shared group keeps the union of its questions' selections in its document (spcli.stages.share), or
+        every token where that union would not pay; every group's members carry its name and shared part."""
+        for g in self.groups:
+            if any(isinstance(out[i], RecordError) for i in g.members):
+                continue  # a member the speculator could not score: the others stand as selected alone
+            if g.is_shared:
+                num_kept = unite(g, out)
+                if not group_pays(self.pair, self.score, self.select, g, out, num_kept):
+                    keep_whole(g, out)
+            mark(g, out)
 
 
 def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfig, stack: ModelStack,
@@ -160,14 +181,20 @@ def prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfi
 
 def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: ScoreConfig, stack: ModelStack,
                 on_stage=lambda text: None, should_stop=lambda: False, chunk: int = SPECULATOR_CHUNK,
-                with_unpooled: bool = False, overlap: bool = False) -> Scoring:
+                with_unpooled: bool = False, overlap: bool = False, groups: list[Group] = ()) -> Scoring:
     """`prune`'s speculator pass begun: submitted to vLLM's worker replicas where `overlap` (collected by
     Scoring.finish, while vLLM steps meanwhile), else run now."""
     pair = shapes(stack.path, stack.speculator_name, stack.located[1] if stack.located else None)
-    todo = [i for i, r in enumerate(requests) if is_pruned(r.num_prompt_tokens, select, r.keep)
-            and pays(pair, score, select, r.keep, r.num_prompt_tokens, num_protected(r), len(r.speculator_prompt))]
+    grouped = {}  # request index -> whether its group prunes (judged for the group as a whole)
+    for g in groups:
+        if not group_pays(pair, score, select, g, requests):
+            keep_whole(g, requests)
+        grouped.update(dict.fromkeys(g.members, g.is_shared))
+    todo = [i for i, r in enumerate(requests) if grouped.get(i, is_pruned(r.num_prompt_tokens, select, r.keep)
+            and pays(pair, score, select, r.keep, r.num_prompt_tokens, num_protected(r), len(r.speculator_prompt)))]
     if not todo:
-        return Scoring(list(requests), [], select, MadePass([]))
+        scoring = Scoring(list(requests), [], select, MadePass([]), groups=list(groups), pair=pair, score=score)
+        return scoring
     prompts = [requests[i].speculator_prompt for i in todo]  # its own tokens (cross-tokenizer), the restated instruction
     with_unpooled = with_unpooled or any(requests[i].keep == AUTO for i in todo)
     remote = stack.speculate_remote
@@ -178,7 +205,7 @@ def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: Scor
     else:
         speculation = MadePass(speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device, chunk,
                                        on_stage, should_stop, with_unpooled=with_unpooled))
-    return Scoring(list(requests), todo, select, speculation)
+    return Scoring(list(requests), todo, select, speculation, groups=list(groups), pair=pair, score=score)
 
 
 def num_protected(req: PrunedRequest) -> int:

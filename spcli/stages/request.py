@@ -34,6 +34,10 @@ class PrunedRequest:
     units: torch.Tensor | None = None  # [n] int64 selection unit of each token (spcli.stages.units), when pruned
     protected: torch.Tensor | None = None  # [n] bool tokens never dropped (SelectConfig.protect), when there are any
     restated: list[int] | None = None  # the instruction again, in the speculator's tokens, read after the prompt (scoring only)
+    group: str | None = None  # the document group it shares its kept prefix with (its first record's id), if any
+    group_size: int = 1
+    shared_len: int = 0  # the group's shared prompt prefix, in tokens (L): kept[:shared_kept] are the group's
+    shared_kept: int = 0  # kept positions inside it, the same for every member (spcli.stages.share)
 
     @property
     def speculator_token_ids(self) -> list[int]:

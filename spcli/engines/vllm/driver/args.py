@@ -50,6 +50,8 @@ def engine_args(cfg: RunConfig, model_path: Path, is_cpu: bool, dtype: str | Non
         max_num_batched_tokens=v.max_num_batched_tokens, max_num_seqs=v.max_num_seqs,
         kv_cache_dtype=v.kv_cache_dtype, seed=cfg.generate.seed,
         enforce_eager=is_cpu if v.enforce_eager is None else v.enforce_eager,  # compiling costs minutes on CPU
+        # a document shared by a group (or by whole prompts) is prefilled once; salts keep kept sets apart
+        enable_prefix_caching=True,
         engine_kwargs=kwargs,
     )
     if v.gpu_memory_utilization is not None:

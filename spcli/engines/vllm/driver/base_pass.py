@@ -8,12 +8,12 @@ kept tokens. Typical use:
     generations = runner.generate([request])  # spcli.stages.request.PrunedRequest
     runner.close()
 
-Requests that keep every token are sent plain (no kept indices, no salt), so prefix caching can
-serve them. Prefix caching: vLLM hashes blocks by token ids only, so the same ids kept at other
-positions would reuse KV computed at the wrong positions. It is off by default; every
-pruned request also carries a `cache_salt` derived from (n, K), so turning it on (e.g.
-for repeated identical selections) is safe: requests share blocks only with requests
-of the same kept set and the same n.
+Requests that keep every token are sent plain (no kept indices, no salt), so prefix caching
+serves them as it serves plain vLLM. vLLM hashes blocks by token ids only, so the same ids kept at
+other positions would reuse KV computed at the wrong positions: every pruned request carries a
+`cache_salt`, derived from (n, K), or for a member of a document group (spcli.stages.share) from the
+group's kept document (L, K[:shared_kept]), the same for every member, so the group's questions share
+those blocks and nothing else does. spcli's engine turns prefix caching on (args.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 from spcli.engines.vllm.keys import KEPT_KEY, LENGTH_KEY, WORKER_CLS, check_vllm_version
 from spcli.errors import ConfigError, RecordError
 from spcli.stages.request import Generation, PrunedRequest, TokenLogprob
+from spcli.stages.share import shared_salt
 
 # Engine arguments VllmRunner owns or cannot honour.
 _REFUSED_ENGINE_ARGS = {
@@ -145,7 +146,10 @@ class VllmRunner:
         extra = None
         if req.is_pruned:
             positions = req.kept.tolist()
-            prompt["cache_salt"] = cache_salt(np.asarray(positions), req.num_prompt_tokens)
+            # a group's members share the blocks of its kept document (kept[:shared_kept], the same for each:
+            # spcli.stages.share); any other pruned request only those of its own (n, K)
+            shared = req.group is not None and req.shared_kept > 0
+            prompt["cache_salt"] = shared_salt(req) if shared else cache_salt(np.asarray(positions), req.num_prompt_tokens)
             extra = {KEPT_KEY: positions, LENGTH_KEY: req.num_prompt_tokens}
         params = SamplingParams(
             max_tokens=req.max_tokens,

@@ -1,0 +1,121 @@
+"""Several questions about one document: a group's records share what the base prefills of the document.
+
+A group (spcli.io.groups: consecutive records of one document) whose members are all pruned at one keep shares
+the longest token prefix of their prompts, `L` tokens (the document in its template; each record's own tokens
+after it are its question). Each question selects from its own importance, as a record alone does; the group
+keeps the union of their selections inside the shared part, `U`, and every question keeps all of its own tokens
+after it (DESIGN.md, "Several questions about one document"). So a question's answer depends on its own text and,
+through U, on the other questions of its group; never on batches, windows, workers or resume points. The base then
+prefills U once per group (vLLM: its prefix cache, keyed by U; hf: one KV cache copied per question).
+
+Whether sharing pays is judged for the group as a whole, against full prefill with the document prefilled once
+(prefix caching): before the speculator runs, with the union at its smallest (one question's target), and again
+once U is known; a group that does not pay keeps every token, and the base still prefills its document once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from spcli.config.scoring import AUTO, ScoreConfig, SelectConfig
+from spcli.io.groups import assign
+from spcli.plan.flops import prefill_flops, speculator_flops
+from spcli.stages.request import PrunedRequest
+from spcli.stages.select import is_pruned, num_forced, target
+
+
+@dataclass
+class Group:
+    """Requests of one document, by index into a window's requests."""
+
+    members: list[int]  # indices of its requests, in read order
+    name: str  # the group's first record's id
+    shared_len: int  # L: tokens every member's prompt starts with
+    is_shared: bool = True  # pruned together (False: every token kept, the document still prefilled once)
+
+
+def shared_len(prompts: list[list[int]]) -> int:
+    """The longest common token prefix of `prompts`."""
+    return len(os.path.commonprefix(prompts))
+
+
+def find_groups(records: list, requests: list, group_max: int | None, select: SelectConfig) -> list[Group]:
+    """The groups of a window whose members are all requests (no error row), of one keep, and not across
+    tokenizers or restated (those stay alone), sharing a prefix of at least select.min_tokens."""
+    if group_max is None:
+        return []
+    found = []
+    for members in assign(records, group_max):
+        reqs = [requests[i] for i in members]
+        if len(members) < 2 or not all(isinstance(r, PrunedRequest) for r in reqs):
+            continue
+        if len({str(r.keep) for r in reqs}) > 1 or any(r.speculator_ids is not None or r.restated for r in reqs):
+            continue
+        n = shared_len([r.token_ids for r in reqs])
+        if n >= select.min_tokens:
+            found.append(Group(members, records[members[0]].id, n))
+    return found
+
+
+def group_cost(pair, score: ScoreConfig, num_shared: int, own: list[int], num_kept_shared: int,
+               shared_speculator: bool) -> float:
+    """FLOPs of a shared group (speculator over the document once, or once per question; the base over the kept
+    shared part once and each question's own tokens) over full prefill of the document once plus the questions."""
+    base, spec = pair
+    full = prefill_flops(base, num_shared + sum(own))
+    reads = [num_shared + sum(own)] if shared_speculator else [num_shared + s for s in own]
+    spent = sum(speculator_flops(spec, n, score) for n in reads) + prefill_flops(base, num_kept_shared + sum(own))
+    return spent / full
+
+
+def group_pays(pair, score: ScoreConfig, select: SelectConfig, group: Group, requests: list[PrunedRequest],
+               num_kept_shared: int | None = None, shared_speculator: bool = False) -> bool:
+    """Whether pruning the group beats its full prefill with the document prefilled once; before scoring
+    (num_kept_shared None) with the union at its smallest, one question's target."""
+    reqs = [requests[i] for i in group.members]
+    keep = reqs[0].keep
+    if keep == AUTO or not is_pruned(group.shared_len, select, keep):
+        return keep == AUTO
+    if pair is None or math.isinf(select.max_prune_cost):
+        return True
+    if num_kept_shared is None:
+        num_kept_shared = min(group.shared_len, target(group.shared_len, select, keep, num_forced(group.shared_len, select)))
+    own = [r.num_prompt_tokens - group.shared_len for r in reqs]
+    return group_cost(pair, score, group.shared_len, own, num_kept_shared, shared_speculator) < select.max_prune_cost
+
+
+def unite(group: Group, requests: list[PrunedRequest]) -> int:
+    """Every member keeps the union of the members' kept positions inside the shared part, then all of its own
+    tokens; returns the union's size."""
+    reqs = [requests[i] for i in group.members]
+    n = group.shared_len
+    union = torch.unique(torch.cat([r.kept[r.kept < n] for r in reqs]))  # sorted
+    for r in reqs:
+        r.kept = torch.cat([union, torch.arange(n, r.num_prompt_tokens)])
+    return int(union.numel())
+
+
+def keep_whole(group: Group, requests: list[PrunedRequest]) -> None:
+    group.is_shared = False
+    for i in group.members:
+        requests[i].kept = torch.arange(requests[i].num_prompt_tokens)
+
+
+def mark(group: Group, requests: list[PrunedRequest]) -> None:
+    """The group's name, size and shared part on each member (the output row's group columns, the base pass)."""
+    kept_shared = int((requests[group.members[0]].kept < group.shared_len).sum())
+    for i in group.members:
+        r = requests[i]
+        r.group, r.group_size, r.shared_len, r.shared_kept = group.name, len(group.members), group.shared_len, kept_shared
+
+
+def shared_salt(req: PrunedRequest) -> str:
+    """A prefix-cache salt naming the group's kept shared positions: every member of the group hits the same
+    cached blocks; no other kept set (or a whole prompt) does."""
+    digest = hashlib.sha256(req.kept[: req.shared_kept].numpy().astype("int64").tobytes())
+    return f"spcli-shared:{req.shared_len}:{digest.hexdigest()[:32]}"
