@@ -1,9 +1,12 @@
-"""A record's generation parameters (spcli/io/params.py) through `spcli run` on the hf engine: each record's own
-settings applied (the same from JSONL and Parquet), stored in its row's `sampling` column, a seed that repeats on a
-rerun and on resume, and a parameter spcli does not apply made an error row naming it and the engine.
+"""A record's generation parameters (spcli/io/params.py): read alike from plain records, Parquet and OpenAI bodies;
+then through `spcli run` on the hf engine: each record's own settings applied, stored in its row's `sampling`
+column, a seed that repeats on a rerun and on resume, and a parameter spcli does not apply made an error row naming
+it and the engine.
 The vLLM engine: tests/test_engines_vllm_sampling.py."""
 
 from __future__ import annotations
+
+import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,8 +17,50 @@ from spcli import api
 from spcli.cli import app
 from spcli.errors import Interrupted
 from spcli.job.run import run
+from test_io_read import one_error, records as read
 from test_job_resume import StopAfter
 from test_job_run import read_outputs
+
+READ = {"top_p": 0.5, "top_k": 5, "min_p": 0.1, "stop": ["\n\n", "END"], "seed": 7, "presence_penalty": 0.5,
+        "frequency_penalty": -0.5, "repetition_penalty": 1.2, "temperature": 0.8}
+
+
+def test_sampling_fields_are_read_alike_from_plain_records_parquet_and_openai_bodies(tmp_path):
+    """The issue: a plain record's top_p was accepted and ignored in silence, while an OpenAI body's was an error.
+    Each of vLLM's applied SamplingParams is read, the same way, from all three; any other SamplingParams name
+    that holds a value is kept to be refused by name (spcli.stages.prepare), never dropped."""
+    plain = {"id": "p", "prompt": "x", **READ, "n": 2, "min_tokens": 3, "ignore_eos": False, "logprobs": None,
+             "doc_id": "d1"}
+    body = {"custom_id": "o", "url": "/v1/completions", "body": {"prompt": "x", **READ, "n": 1, "logprobs": True,
+                                                                 "logit_bias": {"5": 1}, "min_tokens": 3}}
+    (tmp_path / "in.jsonl").write_text(json.dumps(plain) + "\n" + json.dumps(body) + "\n")
+    pq.write_table(pa.table({"id": ["q"], "prompt": ["x"], **{k: [v] for k, v in READ.items()},
+                             "min_tokens": [3], "bad_words": pa.array([None], pa.list_(pa.string()))}),
+                   tmp_path / "in.parquet")
+    p, o = read(tmp_path / "in.jsonl")
+    (q,) = read(tmp_path / "in.parquet")
+    own = {k: (tuple(v) if k == "stop" else v) for k, v in READ.items() if k not in ("seed", "temperature")}
+    for rec in (p, o, q):
+        assert rec.error is None and rec.sampling == own and (rec.seed, rec.temperature) == (7, 0.8), rec
+    assert p.unapplied == (("n", 2), ("min_tokens", 3)), "a no-op value (ignore_eos false) and null change nothing"
+    assert o.unapplied == (("body.min_tokens", 3), ("body.logprobs", True), ("body.logit_bias", {"5": 1}))
+    assert q.unapplied == (("min_tokens", 3),)
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("top_p", 0, "must be in (0, 1], got 0"), ("top_k", -2, "must be -1, 0 (all tokens) or >= 1, got -2"),
+    ("top_k", 2.5, "must be an integer, got 2.5"), ("min_p", 1.5, "must be in [0, 1], got 1.5"),
+    ("presence_penalty", 3, "must be in [-2, 2], got 3"), ("repetition_penalty", 0, "must be > 0, got 0"),
+    ("seed", -1, "must be in [0, 9223372036854775807], got -1"),
+    ("stop", "", "must be a non-empty string or a list of them, got ''"),
+    ("stop", [3], "must be a non-empty string or a list of them, got [3]"),
+])
+def test_a_bad_sampling_value_is_an_error_naming_file_line_and_field(tmp_path, field, value, problem):
+    error = one_error(tmp_path, json.dumps({"prompt": "x", field: value}))
+    assert error == f"{tmp_path}/one.jsonl:line 1: field {field!r} {problem}"
+    line = {"custom_id": "c", "body": {"messages": [{"role": "user", "content": "x"}], field: value}}
+    assert one_error(tmp_path, json.dumps(line)) == f"{tmp_path}/one.jsonl:line 1: field 'body.{field}' {problem}"
+
 
 PROMPT = "The harbour authority reviewed the budget for next year and published a short note. " * 4
 SAMPLED = {"temperature": 1.0, "seed": 5}
@@ -43,8 +88,6 @@ def spcli_run(src, out, tiny_dir, *extra) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory, tiny_dir) -> dict[str, dict]:
-    import json
-
     src = tmp_path_factory.mktemp("params") / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in records()))
     return spcli_run(src, src.parent / "out", tiny_dir)
