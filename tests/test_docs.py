@@ -3,6 +3,7 @@ its quick start, which CI (.ci/run) runs."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -87,3 +88,54 @@ def test_design_maps_every_package():
     packages = sorted(str(p.parent.relative_to(ROOT)) + "/" for p in (ROOT / "spcli").rglob("__init__.py")
                       if p.parent != ROOT / "spcli")
     assert [p for p in packages if p not in design] == []
+
+
+# run with python -S and no PYTHONPATH: no installed spcli, so the finder below is the only one that knows it
+EDITABLE = """import importlib.util, sys
+
+
+class Editable:  # what an editable install (pip install -e ., setuptools) adds: a finder after the path finder
+    def find_spec(self, name, path=None, target=None):
+        if name == "spcli":
+            return importlib.util.spec_from_file_location(name, {init!r}, submodule_search_locations=[{pkg!r}])
+
+
+sys.meta_path.append(Editable())
+from spcli import __version__
+print(__version__)
+"""
+
+
+def test_readme_clone_folder_does_not_shadow_the_package(tmp_path):
+    """The issue: a script saved beside a clone named `spcli` failed with "cannot import name '__version__' from
+    'spcli' (unknown location)": with an editable install, the clone folder (no __init__.py) is found first as an
+    empty namespace package. The README's folder name does not; `spcli` does (the failure, reproduced)."""
+    import subprocess
+    import sys
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (folder,) = re.findall(r"git clone <this repository> (\S+) && cd (?:\S+)", readme)
+    assert folder != "spcli" and "(unknown location)" in readme
+    script = EDITABLE.format(init=str(ROOT / "spcli" / "__init__.py"), pkg=str(ROOT / "spcli"))
+    results = {}
+    for name in (folder, "spcli"):
+        (tmp_path / name / name / "spcli").mkdir(parents=True)  # a clone: the package one level down
+        (tmp_path / name / "script.py").write_text(script)
+        results[name] = subprocess.run([sys.executable, "-S", "script.py"], cwd=tmp_path / name, capture_output=True,
+                                       text=True, env={"PATH": "/usr/bin:/bin"})
+    assert results[folder].returncode == 0 and results[folder].stdout.strip(), results[folder].stderr
+    assert "cannot import name '__version__' from 'spcli' (unknown location)" in results["spcli"].stderr
+
+
+def test_readme_your_own_data_shows_a_record_and_the_export():
+    from spcli.config.run import FieldConfig
+    from spcli.io.records import to_record
+    from spcli.io.shards import Shard
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    own = readme.split("## Your own data", 1)[1].split("\n## ", 1)[0]
+    (line,) = [x.strip() for x in own.splitlines() if x.strip().startswith("{")]
+    record = json.loads(line)
+    rec = to_record(record, Shard(0, "leases.jsonl"), 0, "jsonl", FieldConfig())
+    assert rec.error is None and rec.protected == (record["instruction"],) and not rec.unapplied
+    assert "spcli export" in own and "--join-input" in own and "--pass-through" in own

@@ -252,13 +252,12 @@ def test_pretty_printed_json_is_not_json_lines(tmp_path, text):
 
 
 @pytest.mark.parametrize("body, refused", [
-    ({"stop": ["\n\n"]}, "stop"), ({"top_p": 0.9}, "top_p"), ({"seed": 7}, "seed"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"presence_penalty": 1}, "presence_penalty"),
-    ({"logprobs": True}, "logprobs"), ({"stop": None, "top_p": 1, "frequency_penalty": 0}, None),
+    ({"response_format": {"type": "json_object"}}, "response_format"), ({"tools": [{"type": "function"}]}, "tools"),
+    ({"top_logprobs": 2}, "top_logprobs"), ({"response_format": {"type": "text"}, "tools": [], "top_logprobs": 0}, None),
 ])
-def test_openai_sampling_fields_no_engine_applies_are_refused_by_name(tmp_path, body, refused):
-    """The issue: `top_p` and `stop` were ignored in silence. Each is now an error row naming it, unless it holds
-    the value that changes nothing."""
+def test_openai_fields_that_are_no_generation_parameter_are_refused_by_name(tmp_path, body, refused):
+    """Fields of the OpenAI request that spcli does not apply and that are not SamplingParams: an error row naming
+    each, unless it holds the value that changes nothing."""
     line = {"custom_id": "c", "url": "/v1/chat/completions",
             "body": {"messages": [{"role": "user", "content": "x"}], **body}}
     error = one_error(tmp_path, json.dumps(line))

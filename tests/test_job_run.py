@@ -175,7 +175,7 @@ def test_readme_output_table_lists_every_column_with_its_type():
         documented.update(zip(names, types * len(names) if len(types) == 1 else types))
     schema = output_schema(save_scores=True)
     arrow = {"double": "float64", "float": "float32", "list<item: int32>": "list<int32>", "list<item: float>": "list<float32>"}
-    struct = lambda t: "list<struct>" if t.startswith("list<item: struct<") else t
+    struct = lambda t: "list<struct>" if t.startswith("list<item: struct<") else "struct" if t.startswith("struct<") else t
     assert documented == {f.name: struct(arrow.get(str(f.type), str(f.type))) for f in schema}
 
 

@@ -20,6 +20,8 @@ def records() -> list[dict]:
     good = [{"id": f"d{i}", "prompt": " ".join(f"word{(i * 5 + j) % 40}" for j in range(50 + 11 * i))} for i in range(5)]
     good.append({"id": "chat", "messages": [{"role": "user", "content": "Summarise: " + "alpha beta gamma " * 20}],
                  "keep": 0.5})
+    good.append({"id": "sampled", "prompt": "Sampled: " + "delta epsilon " * 30, "temperature": 1.0, "seed": 3,
+                 "top_k": 40, "repetition_penalty": 1.3})  # the settings travel from stage 1 to stage 2
     bad = [{"id": "no-prompt", "text": "the prompt field is missing"},
            {"id": "bad-max", "prompt": "a prompt whose max_tokens is out of range", "max_tokens": -3}]
     return good[:3] + bad[:1] + good[3:] + bad[1:]

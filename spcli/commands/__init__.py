@@ -1,5 +1,5 @@
 """Sub-commands beyond `run` and `models`; each module defines `register(app)`."""
 
-from spcli.commands import bench, calibrate, eval, inspect, plan, slurm, status
+from spcli.commands import bench, calibrate, eval, export, inspect, plan, slurm, status
 
-ALL = (inspect, status, slurm, eval, bench, calibrate, plan)
+ALL = (inspect, export, status, slurm, eval, bench, calibrate, plan)

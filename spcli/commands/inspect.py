@@ -32,7 +32,8 @@ def register(app: typer.Typer) -> None:
         row: Annotated[Optional[int], typer.Option(metavar="N", help="Show the N-th row of the outputs (0-based, in input order).")] = None,
         failed: Annotated[bool, typer.Option("--failed", help="List every failed row: its id, then where and why (redo them with `spcli run ... --retry-failed`).")] = False,
         html: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Write a self-contained HTML report (opens offline): the row, or the first --limit rows with a search box.")] = None,
-        limit: Annotated[int, typer.Option(metavar="N", help="Rows listed by --html and --compare.")] = 50,
+        limit: Annotated[Optional[int], typer.Option("--limit", "-n", metavar="N", help="Rows listed by --answers (default 10), --html and --compare (default 50).", show_default=False)] = None,
+        answers: Annotated[bool, typer.Option("--answers", help="The first -n rows' answers as a table: id, output, finish reason, the --pass-through columns (all of them, or a file: spcli export).")] = False,
         compare: Annotated[Optional[Path], typer.Option(metavar="DIR2", help="Another run's output directory: outputs side by side, whether they match, tokens kept in one and not the other.")] = None,
         baseline: Annotated[Optional[Path], typer.Option(metavar="FULL_DIR", help="A keep 1.0 run of the same rows: the summary's full-prefill time is measured there instead of extrapolated from this run.")] = None,
         width: Annotated[Optional[int], typer.Option(metavar="COLUMNS", help="Text width. Default: the terminal's.")] = None,
@@ -46,9 +47,19 @@ def register(app: typer.Typer) -> None:
 
         if row_id is not None and row is not None:
             raise ConfigError("give --id or --row, not both")
-        if limit < 1:
+        if limit is not None and limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {limit}")
         run = load_run(out)
+        if answers:
+            from spcli.inspect.answers import answer_table
+            from spcli.inspect.summary import pending_rows
+
+            table = answer_table(run)
+            rows = table.slice(0, limit or 10).to_pylist()
+            console = terminal.make_console(width, color, no_color=color is False)
+            console.print(terminal.answers_renderable(rows, table.num_rows, pending_rows(run), out))
+            return
+        limit = limit or 50
         if failed:
             t = run.table(["id", "error"])
             lines = [f"{i}\t{e}" for i, e in zip(t.column("id").to_pylist(), t.column("error").to_pylist()) if e is not None]

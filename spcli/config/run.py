@@ -10,6 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from spcli.config import sampling
 from spcli.config.scoring import (
     AUTO,
     AUTO_CRITERION,
@@ -38,17 +39,32 @@ SPLIT_ROWS = 10_000  # --ray: rows per range of a larger file (spcli.ray.pieces)
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    """Decoding after the (pruned) prefill."""
+    """Decoding after the (pruned) prefill: the job's defaults, which a record's own fields override
+    (spcli.config.sampling: vLLM's SamplingParams names and meanings)."""
 
     max_tokens: int = 64
     temperature: float = 0.0  # 0 = greedy
-    seed: int = 0  # sampling seed; each row draws from its own generator seeded by (seed, id)
+    seed: int = 0  # sampling seed; each row draws from its own generator seeded by (seed, id), or by its record's seed
     logprobs: int = 0  # top alternatives per generated token in the output; 0 = no logprobs
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1) = every token
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()  # a string or several (a comma is part of the string)
 
     def __post_init__(self) -> None:
         check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
         check(0 <= self.logprobs <= 20, f"--logprobs must be in [0, 20], got {self.logprobs}")
         check(self.temperature >= 0.0, f"--temperature must be >= 0, got {self.temperature}")
+        for name in (*sampling.NAMES, "seed"):
+            value, problem = sampling.check(name, getattr(self, name))
+            check(problem is None, f"--{name.replace('_', '-')} {problem}")
+            object.__setattr__(self, name, value)
+
+    def sampling_defaults(self) -> sampling.Sampling:
+        return sampling.Sampling(**{name: getattr(self, name) for name in sampling.NAMES})
 
 
 @dataclass(frozen=True)
@@ -160,6 +176,9 @@ class RunConfig:
         check(self.group_max >= 1, f"--group-max must be >= 1, got {self.group_max}")
         check(self.split_rows is None or self.split_rows >= 0, f"--split-rows must be >= 0, got {self.split_rows}")
         check(self.split_rows is None or self.ray is not None, "--split-rows needs --ray")
+        check(self.engine != "vllm" or self.generate.temperature <= sampling.VLLM_MAX_TEMPERATURE,
+              f"--temperature {self.generate.temperature}: --engine vllm applies at most "
+              f"{sampling.VLLM_MAX_TEMPERATURE} (vLLM's SamplingParams)")
 
     @property
     def grouped(self) -> int | None:
@@ -210,6 +229,9 @@ class RunConfig:
         d.pop("vllm")  # parallelism, memory and placement: same outputs
         if not d["pass_through"]:  # absent without it, as before: those directories resume
             d.pop("pass_through")
+        for name in sampling.NAMES:  # sampling settings left at vLLM's defaults: absent, as before they existed
+            if d["generate"][name] == getattr(sampling.DEFAULT, name):
+                del d["generate"][name]
         if self.vllm.kv_cache_dtype != "auto":  # fp8 KV rounds differently; absent at auto, as before
             d["kv_cache_dtype"] = self.vllm.kv_cache_dtype
         return d

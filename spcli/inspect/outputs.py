@@ -1,9 +1,10 @@
-"""Read a run's output directory: its merged manifests and the rows of its committed part files."""
+"""Read a run's output directory: its merged manifests and the rows of its committed part files (spcli's columns,
+and the input columns `--pass-through` carried into them)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -23,6 +24,7 @@ class RunOutputs:
     fingerprint_fields: dict
     shards: list[dict]  # ShardProgress documents of every manifest, by shard index
     parts: list[Path]  # committed part files, in input order (shard by shard, row by row)
+    pass_through: list[str] = field(default_factory=list)  # input columns copied into the rows (every configuration's)
 
     @property
     def is_finished(self) -> bool:
@@ -32,19 +34,27 @@ class RunOutputs:
     def has_importance(self) -> bool:
         return bool(self.config.get("save_scores"))
 
+    @property
+    def columns(self) -> list[str]:
+        """Every column a row has: spcli's (output_schema), then the pass-through ones."""
+        return output_schema(save_scores=True).names + self.pass_through
+
     def table(self, columns: list[str]) -> pa.Table:
-        """The named columns of every committed row, in input order."""
-        schema = output_schema(save_scores=True)
-        columns = [c for c in columns if c in schema.names]
-        sub = pa.schema([schema.field(c) for c in columns])
-        tables = [_read_part(p, columns, sub) for p in self.parts]
-        return pa.concat_tables(tables) if tables else sub.empty_table()
+        """The named columns of every committed row, in input order (spcli's and the pass-through ones; other
+        names are left out)."""
+        columns = [c for c in columns if c in self.columns]
+        tables = [_read_part(p, columns, self.pass_through) for p in self.parts]
+        if not tables:
+            return pa.schema([_field(c) for c in columns]).empty_table()
+        try:
+            return pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a pass-through column typed one way in a part, another in the next
+            return pa.concat_tables([_as_text(t, self.pass_through) for t in tables], promote_options="permissive")
 
     def rows(self) -> Iterator[dict]:
-        """Every committed row as a dict (all columns), in input order."""
-        schema = output_schema(save_scores=True)
+        """Every committed row as a dict (all columns, pass-through ones included), in input order."""
         for p in self.parts:
-            yield from _read_part(p, schema.names, schema).to_pylist()
+            yield from _read_part(p, self.columns, self.pass_through).to_pylist()
 
     def find(self, row_id: str | None = None, index: int | None = None) -> dict:
         """One row by its id, or by its 0-based position in the outputs."""
@@ -61,24 +71,60 @@ class RunOutputs:
         raise OutputError(f"{self.out}: --row {index} is out of range: the run has {seen} committed rows (0..{seen - 1})")
 
     def _row_at(self, part: Path, i: int) -> dict:
-        schema = output_schema(save_scores=True)
-        return _read_part(part, schema.names, schema).slice(i, 1).to_pylist()[0]
+        return _read_part(part, self.columns, self.pass_through).slice(i, 1).to_pylist()[0]
 
 
-def _read_part(path: Path, columns: list[str], schema: pa.Schema) -> pa.Table:
+def _field(name: str) -> pa.Field:
+    """spcli's column of that name, or a pass-through column (its type is its part's: null until read)."""
+    schema = output_schema(save_scores=True)
+    return schema.field(name) if name in schema.names else pa.field(name, pa.null())
+
+
+def _read_part(path: Path, columns: list[str], pass_through: list[str]) -> pa.Table:
+    """These columns of one part: spcli's cast to the output schema (absent ones null: a run without --save-scores
+    has no importance column), the pass-through ones as the part holds them (JSONL: inferred, JSON text where mixed)."""
     try:
         if path.suffix == ".parquet":
             present = set(pq.read_schema(path).names)
             table = pq.read_table(path, columns=[c for c in columns if c in present])
-            for c in columns:  # a run without --save-scores has no importance column
-                if c not in present:
-                    table = table.append_column(schema.field(c), pa.nulls(table.num_rows, schema.field(c).type))
-            return table.select(columns).cast(schema)
-        with open(path, "rb") as f:
-            docs = [orjson.loads(line) for line in f if line.strip()]
-        return pa.Table.from_pylist([{c: d.get(c) for c in columns} for d in docs], schema=schema)
+        else:
+            with open(path, "rb") as f:
+                docs = [orjson.loads(line) for line in f if line.strip()]
+            table = pa.table({c: _values(c, [d.get(c) for d in docs]) for c in columns})
+        arrays = []
+        for c in columns:
+            want = _field(c)
+            column = table.column(c) if c in table.column_names else pa.nulls(table.num_rows, want.type)
+            arrays.append(column if c in pass_through else column.cast(want.type))
+        return pa.table(arrays, names=columns)
     except (OSError, pa.ArrowInvalid, orjson.JSONDecodeError) as e:
         raise OutputError(f"{path}: committed part file is unreadable ({e})") from e
+
+
+def _values(name: str, values: list) -> pa.Array:
+    """A JSONL part's column: spcli's typed by the schema, a pass-through one inferred (JSON text where mixed)."""
+    want = _field(name)
+    if want.type != pa.null():
+        return pa.array(values, type=want.type)
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([None if v is None else orjson.dumps(v).decode() for v in values])
+
+
+def _as_text(table: pa.Table, pass_through: list[str]) -> pa.Table:
+    """The pass-through columns of a part as JSON text (where parts disagree on a column's type)."""
+    for c in pass_through:
+        if c in table.column_names:
+            values = [None if v is None else orjson.dumps(v).decode() for v in table.column(c).to_pylist()]
+            table = table.set_column(table.column_names.index(c), c, pa.array(values, pa.string()))
+    return table
+
+
+def pass_through_columns(docs: list[dict]) -> list[str]:
+    """The input columns every configuration of the directory's manifests carried into its rows, in order."""
+    configs = [e.get("config") or {} for d in docs for e in (d.get("configs") or [])] + [d.get("config") or {} for d in docs]
+    return list(dict.fromkeys(c for cfg in configs for c in (cfg.get("pass_through") or ())))
 
 
 def load_run(out: str | Path) -> RunOutputs:
@@ -97,4 +143,4 @@ def load_run(out: str | Path) -> RunOutputs:
     if missing:
         raise OutputError(f"{out}: committed part file(s) missing: {', '.join(missing[:3])}")
     return RunOutputs(out, docs, docs[0]["config"], docs[0].get("fingerprint_fields", {}),
-                      [s for _, s in sorted(shards.items())], parts)
+                      [s for _, s in sorted(shards.items())], parts, pass_through_columns(docs))

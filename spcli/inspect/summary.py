@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from spcli.config.sampling import DEFAULT, NAMES
 from spcli.errors import OutputError
 from spcli.inspect.outputs import RunOutputs
 from spcli.io.count import count_rows
@@ -149,9 +150,15 @@ def resolved_config(cfg: dict, fingerprint_fields: dict | None = None) -> dict:
         "engine": cfg.get("engine"), "keep": select.get("keep"), **auto_keep(select), "lookahead": score.get("lookahead"),
         "chunk": select.get("chunk"), "pool": score.get("pool"), "keep_first": select.get("keep_first"),
         "keep_last": select.get("keep_last"), "min_tokens": select.get("min_tokens"),
-        "max_tokens": gen.get("max_tokens"), "temperature": gen.get("temperature"),
+        "max_tokens": gen.get("max_tokens"), "temperature": gen.get("temperature"), **sampling_flags(gen),
         "save_scores": cfg.get("save_scores"),
     }
+
+
+def sampling_flags(gen: dict) -> dict:
+    """The job's sampling settings that are not their defaults (spcli.config.sampling; none in older manifests)."""
+    default = {k: getattr(DEFAULT, k) for k in NAMES} | {"stop": []}  # a manifest holds JSON: a list
+    return {k: gen[k] for k in NAMES if k in gen and gen[k] != default[k]}
 
 
 def auto_keep(select: dict) -> dict:
@@ -177,7 +184,8 @@ def _quantiles(values: np.ndarray, names: dict[str, float]) -> dict[str, float]:
     return {k: float(np.quantile(values, q)) for k, q in names.items()}
 
 
-def _pending(run: RunOutputs) -> int | None:
+def pending_rows(run: RunOutputs) -> int | None:
+    """Input rows not committed yet; None where a shard cannot be counted cheaply."""
     pending = 0
     for s in run.shards:
         if s.get("done"):
@@ -206,14 +214,11 @@ def prefill_seconds(run: RunOutputs) -> tuple[float, bool]:
 def batch_seconds(run: RunOutputs) -> float:
     """An estimate of the base prefill time from the rows, which store it for their whole batch: one value
     per run of equal neighbours inside a part (a batch never spans two parts; two equal batches count once)."""
-    import pyarrow as pa
-
     from spcli.inspect.outputs import _read_part
 
-    schema = pa.schema([pa.field("prefill_s", pa.float64()), pa.field("error", pa.string())])
     total = 0.0
     for part in run.parts:
-        t = _read_part(part, ["prefill_s", "error"], schema)
+        t = _read_part(part, ["prefill_s", "error"], [])
         ok = np.array([e is None for e in t.column("error").to_pylist()], dtype=bool)
         values = np.asarray(t.column("prefill_s").to_numpy(zero_copy_only=False), dtype=np.float64)[ok]
         values = values[~np.isnan(values)]
@@ -249,7 +254,7 @@ def summarize(run: RunOutputs, baseline: RunOutputs | None = None) -> Summary:
     bins = np.minimum((keep * KEEP_BINS).astype(np.int64), KEEP_BINS - 1)
     return Summary(
         out=str(run.out), is_finished=run.is_finished, num_rows=t.num_rows, num_failed=int((~ok).sum()),
-        num_pending=_pending(run), num_shards=len(run.shards),
+        num_pending=pending_rows(run), num_shards=len(run.shards),
         num_shards_done=sum(bool(s.get("done")) for s in run.shards),
         num_prompt_tokens=int(prompt.sum()), num_kept_tokens=int(kept.sum()),
         num_output_tokens=int(np.nansum(output)),

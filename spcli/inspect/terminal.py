@@ -204,6 +204,25 @@ def comparison_table(c: cmp.Comparison, limit: int) -> Group:
     return Group(head, t, more)
 
 
+def answers_renderable(rows: list[dict], num_rows: int, pending: int | None, out) -> Group:
+    """`spcli inspect --answers`: the first rows' answers side by side (answers.answer_table's columns); an error
+    row shows its error in the output column."""
+    left = "" if pending == 0 else f", {pending if pending is not None else 'unknown'} pending"
+    head = Text(f"{out}: the first {len(rows)} of {num_rows} committed rows{left}")
+    t = Table(show_lines=True)
+    names = [c for c in (rows[0] if rows else {}) if c != "error"]
+    for name in names:
+        t.add_column(name, overflow="fold", ratio=3 if name == "output" else 1)
+    for r in rows:
+        cells = [json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else "" if v is None else str(v)
+                 for v in (r[c] for c in names)]
+        if r.get("error") is not None and "output" in names:
+            cells[names.index("output")] = f"error: {r['error']}"
+        t.add_row(*cells)
+    more = Text(f"... {num_rows - len(rows)} more (use -n, or spcli export)") if num_rows > len(rows) else Text()
+    return Group(head, t, more)
+
+
 def diff_header(view: TokenView, row_b: dict) -> list[str]:
     a = view.row
     same = a.get("output") == row_b.get("output") and a.get("error") is None

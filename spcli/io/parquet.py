@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spcli.config.run import FieldConfig
+from spcli.config.sampling import SAMPLING_PARAMS
 from spcli.errors import InputError
 from spcli.io.count import is_empty
 from spcli.io.records import Record, bad_record, to_record, too_long_record
@@ -37,7 +38,7 @@ def parquet_columns(pf: pq.ParquetFile, shard: Shard, fields: FieldConfig) -> li
     if fields.instruction != FieldConfig().instruction and fields.instruction not in names:
         raise InputError(f"{shard.path}: Parquet file has no {fields.instruction!r} column (--instruction-field); its "
                          f"columns: {', '.join(sorted(names))}")
-    wanted = [fields.id, fields.prompt, fields.messages, fields.instruction, "max_tokens", "keep", "temperature"]
+    wanted = [fields.id, fields.prompt, fields.messages, fields.instruction, "keep", *SAMPLING_PARAMS]  # io/params.py
     return list(dict.fromkeys(c for c in wanted if c in names))
 
 

@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from spcli.config.run import FieldConfig
 from spcli.config.scoring import AUTO
 from spcli.errors import RecordError
 from spcli.io.groups import group_key
+from spcli.io.params import number, read_params
 from spcli.io.shards import Shard, shard_kind
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
-# OpenAI batch body fields no engine here applies: each is refused by name unless it holds its no-op value
+# OpenAI batch body fields that are no generation parameter and that spcli does not apply: each is refused by name
+# unless it holds its no-op value (a body's SamplingParams names are read as a plain record's: spcli.io.params)
 UNSUPPORTED_BODY = {
-    "stop": ((None, [], ""), "stop sequences are not applied; generation stops at the model's end of sequence or --max-tokens"),
-    "top_p": ((None, 1, 1.0), "nucleus sampling is not applied (temperature sampling over the whole vocabulary)"),
-    "seed": ((None,), "rows are seeded from spcli run --seed and their id, not per request"),
-    "frequency_penalty": ((None, 0, 0.0), "penalties are not applied"),
-    "presence_penalty": ((None, 0, 0.0), "penalties are not applied"),
-    "logit_bias": ((None, {}), "logit biases are not applied"),
     "response_format": ((None, {"type": "text"}), "structured output is not applied"),
     "tools": ((None, []), "tool calls are not applied"),
-    "logprobs": ((None, False), "logprobs are set for the whole run with spcli run --logprobs N"),
+    "tool_choice": ((None, "none"), "tool calls are not applied"),
     "top_logprobs": ((None, 0), "logprobs are set for the whole run with spcli run --logprobs N"),
 }
 log = logging.getLogger("spcli")
@@ -41,6 +36,9 @@ class Record:
     max_tokens: int | None = None
     keep: float | str | None = None  # a fraction in (0, 1] or "auto"
     temperature: float | None = None
+    seed: int | None = None  # its own sampling seed (else one derived from spcli run --seed and its id)
+    sampling: dict[str, Any] = field(default_factory=dict)  # its own top_p, stop, ... (spcli.config.sampling.NAMES)
+    unapplied: tuple[tuple[str, Any], ...] = ()  # (field, value): generation parameters spcli does not apply
     custom_id: str | None = None  # OpenAI batch request lines
     endpoint: str | None = None  # "/v1/chat/completions" (messages) | "/v1/completions" (prompt)
     protected: tuple[str, ...] = ()  # texts of the prompt never dropped (its instruction field), in order
@@ -88,25 +86,13 @@ def _text_parts(parts: list, field: str) -> str:
     return "".join(texts)
 
 
-def _number(obj: dict, key: str, kind: type, lo: float, hi: float, field: str, open_low: bool = False) -> Any:
-    value = obj.get(key)
-    if value is None:
-        return None
-    bad_type = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-    if bad_type or (kind is int and int(value) != value):
-        raise RecordError(f"field {field!r} must be a{'n integer' if kind is int else ' number'}, got {value!r}")
-    if not ((lo < value) if open_low else (lo <= value)) or not value <= hi:
-        raise RecordError(f"field {field!r} must be in {'(' if open_low else '['}{lo}, {hi}], got {value!r}")
-    return kind(value)
-
-
 def _keep(obj: dict) -> float | str | None:
     """A record's own keep: a number in (0, 1] or "auto" (OpenAI batch: `body.keep`)."""
     if obj.get("keep") == AUTO:
         return AUTO
     if isinstance(obj.get("keep"), str):
         raise RecordError(f"field 'keep' must be a number in (0, 1] or \"auto\", got {obj['keep']!r}")
-    return _number(obj, "keep", float, 0, 1, "keep", open_low=True)
+    return number(obj, "keep", float, 0, 1, "keep", open_low=True)
 
 
 def _openai_request(obj: dict, rec: Record) -> dict:
@@ -197,9 +183,9 @@ def to_record(obj: Any, shard: Shard, row: int, kind: str, fields: FieldConfig) 
         rec.group_key = group_key(src, prompt_key, messages_key, fields.group)
         if src.get(fields.instruction) is not None:
             put_instruction(rec, src[fields.instruction], fields.instruction, fields.instruction_at)
-        rec.max_tokens = _number(src, max_key, int, 1, 1 << 20, max_key)
+        rec.max_tokens = number(src, max_key, int, 1, 1 << 20, max_key)
         rec.keep = _keep(src)
-        rec.temperature = _number(src, "temperature", float, 0, 100, "temperature")
+        read_params(src, rec, "body." if src is not obj else "")
     except RecordError as e:
         rec.error = f"{where(shard.path, row, kind)}: {e}"
     return rec

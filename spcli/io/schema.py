@@ -29,6 +29,7 @@ class RowResult:
     logprobs: list[dict] | None = None  # with --logprobs N: per generated token, see LOGPROB below
     group: str | None = None  # the document group whose kept prefix this row shares (its first record's id), if any
     group_size: int | None = None  # that group's records (spcli.stages.share)
+    sampling: dict | None = None  # the settings it was generated with, where not greedy and plain: SAMPLING below
 
     @property
     def keep_rate(self) -> float | None:
@@ -38,6 +39,14 @@ class RowResult:
 _TOKEN = [pa.field("token_id", pa.int32()), pa.field("token", pa.string()), pa.field("logprob", pa.float32())]
 # one generated token: its id, text and logprob, and the top N alternatives at its step, best first
 LOGPROB = pa.struct(_TOKEN + [pa.field("top", pa.list_(pa.struct(_TOKEN)))])
+# a row's sampling settings (its record's own, else the job's: spcli.config.sampling.describe); null for a row decoded
+# greedily without penalties or stop strings, and for an error row. seed: the row's, where it sampled
+SAMPLING = pa.struct([
+    pa.field("temperature", pa.float64()), pa.field("seed", pa.int64()), pa.field("top_p", pa.float64()),
+    pa.field("top_k", pa.int32()), pa.field("min_p", pa.float64()), pa.field("presence_penalty", pa.float64()),
+    pa.field("frequency_penalty", pa.float64()), pa.field("repetition_penalty", pa.float64()),
+    pa.field("stop", pa.list_(pa.string())),
+])
 
 
 def output_schema(save_scores: bool) -> pa.Schema:
@@ -61,6 +70,7 @@ def output_schema(save_scores: bool) -> pa.Schema:
         pa.field("logprobs", pa.list_(LOGPROB)),  # null unless --logprobs N
         pa.field("group", pa.string()),  # null unless the row shared its document with a group (--groups)
         pa.field("group_size", pa.int32()),
+        pa.field("sampling", SAMPLING),
     ]
     if save_scores:
         fields.append(pa.field("importance", pa.list_(pa.float32())))
@@ -79,6 +89,8 @@ def to_dict(r: RowResult, save_scores: bool) -> dict:
         d["logprobs"] = r.logprobs
     if r.group is not None:  # and the group only where there is one
         d["group"], d["group_size"] = r.group, r.group_size
+    if r.sampling is not None:  # likewise: only rows sampled, filtered, penalised or with stop strings
+        d["sampling"] = r.sampling
     if save_scores:
         d["importance"] = r.importance
     return d

@@ -13,6 +13,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 
 from spcli.config.run import RunConfig
+from spcli.config.sampling import describe
 from spcli.errors import RecordError, StopAtSafePoint
 from spcli.io.groups import Whole
 from spcli.io.records import Record, where
@@ -57,6 +58,7 @@ def output_row(rec: Record, shard_paths: dict[int, str], req: PrunedRequest, gen
         custom_id=rec.custom_id, endpoint=rec.endpoint,
         logprobs=logprob_rows(gen, tokenizer) if tokenizer is not None else None,
         group=req.group, group_size=req.group_size if req.group is not None else None,
+        sampling=describe(req.temperature, req.seed, req.sampling),
     )
 
 

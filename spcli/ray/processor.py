@@ -28,13 +28,16 @@ and `sampling_params.extra_args` carry what spcli's worker reads, so that stage 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import orjson
 import pyarrow as pa
 
 from spcli.config.run import RunConfig
+from spcli.config.sampling import NAMES, Sampling
 from spcli.errors import ConfigError
+from spcli.io.schema import SAMPLING
 
 SHARD_PATH = "dataset"  # how error messages name a dataset row: "dataset:line N" is not meaningful, ids are
 _IDS = pa.list_(pa.int64())
@@ -44,6 +47,7 @@ PREPARED_SCHEMA = pa.schema([
     ("speculate_s", pa.float64()), ("importance", pa.list_(pa.float32())),
     ("tokenized_prompt", _IDS),  # the kept token ids: what the base model prefills
     ("sampling_params", pa.struct([("max_tokens", pa.int64()), ("temperature", pa.float64()), ("seed", pa.int64()),
+                                   *[(f.name, f.type) for f in SAMPLING if f.name not in ("temperature", "seed")],
                                    ("extra_args", pa.struct([("spcli_kept", _IDS), ("spcli_n", pa.int64())]))])),
 ])
 PREPARED = tuple(PREPARED_SCHEMA.names)
@@ -168,6 +172,7 @@ def _sampling(req) -> dict:
     from spcli.engines.vllm.keys import KEPT_KEY, LENGTH_KEY
 
     return {"max_tokens": req.max_tokens, "temperature": req.temperature, "seed": req.seed,
+            **dataclasses.asdict(req.sampling), "stop": list(req.sampling.stop),
             "extra_args": {KEPT_KEY: req.kept.tolist(), LENGTH_KEY: req.num_prompt_tokens}}
 
 
@@ -197,6 +202,8 @@ class BasePassStage:
             todo.append((i, PrunedRequest(
                 record_id=r["id"], token_ids=r["token_ids"], kept=torch.tensor(r["kept"], dtype=torch.int64),
                 max_tokens=r["max_tokens"], temperature=r["temperature"], seed=r["seed"], keep=keep,
+                sampling=Sampling(**{n: r["sampling_params"][n] for n in NAMES if n != "stop"},
+                                  stop=tuple(r["sampling_params"]["stop"] or ())),
                 num_logprobs=self.cfg.generate.logprobs, speculate_s=r["speculate_s"],
                 importance=None if r["importance"] is None else torch.tensor(r["importance"]))))
         gens = self.engine.generate([req for _, req in todo]) if todo else []

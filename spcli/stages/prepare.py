@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spcli.config.run import RunConfig
+from spcli.config.sampling import unapplied_message
 from spcli.config.scoring import AUTO, SPECULATOR_BATCH_TOKENS, SPECULATOR_CHUNK, ScoreConfig, SelectConfig
 from spcli.errors import RecordError, StopAtSafePoint
 from spcli.io.records import Record
@@ -36,6 +37,8 @@ def row_seed(seed: int, row_id: str) -> int:
 
 def request_for(rec: Record, cfg: RunConfig, stack: ModelStack) -> PrunedRequest:
     """Tokenize one record into an unpruned request (all tokens kept); a bad record raises RecordError."""
+    if rec.unapplied:  # a generation parameter spcli does not apply: never a row generated without it
+        raise RecordError(unapplied_message(rec.unapplied, cfg.engine))
     max_tokens = rec.max_tokens or cfg.generate.max_tokens
     keep = rec.keep if rec.keep is not None else cfg.select.keep
     limits = (stack.max_prompt_tokens(max_tokens), cfg.truncate, stack.prompt_limit(max_tokens))
@@ -53,9 +56,11 @@ def request_for(rec: Record, cfg: RunConfig, stack: ModelStack) -> PrunedRequest
     if prunes and cfg.score.restate and rec.protected and cfg.fields.instruction_at == "before":
         restated = restated_for(stack, rec.protected, len(ids if spec_ids is None else spec_ids))
     temperature = rec.temperature if rec.temperature is not None else cfg.generate.temperature
+    seed = rec.seed if rec.seed is not None else row_seed(cfg.generate.seed, rec.id)
+    sampling = dataclasses.replace(cfg.generate.sampling_defaults(), **rec.sampling)  # the record's own win
     return PrunedRequest(
         record_id=rec.id, token_ids=ids, kept=torch.arange(len(ids)), max_tokens=max_tokens,
-        temperature=temperature, seed=row_seed(cfg.generate.seed, rec.id), keep=keep,
+        temperature=temperature, seed=seed, sampling=sampling, keep=keep,
         num_logprobs=cfg.generate.logprobs, speculator_ids=spec_ids, alignment=alignment,
         units=None if layout is None else layout.units, protected=None if layout is None else layout.protected,
         restated=restated,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spcli.config.sampling import DEFAULT, Sampling
 from spcli.stages.align import Alignment
 
 
@@ -23,7 +24,8 @@ class PrunedRequest:
     kept: torch.Tensor  # [m] int64, ascending indices into token_ids (all n when not pruned)
     max_tokens: int
     temperature: float = 0.0  # 0 = greedy
-    seed: int = 0  # per-row sampling seed (see prepare.row_seed)
+    seed: int = 0  # per-row sampling seed: its record's seed, else prepare.row_seed
+    sampling: Sampling = DEFAULT  # filters, penalties, stop strings (spcli.config.sampling)
     num_logprobs: int = 0  # top alternatives per generated token; 0 = no logprobs
     keep: float | str = 1.0  # the keep rate asked for this record: a fraction, or "auto"
     speculate_s: float = 0.0  # speculator forward + scoring + selection for this prompt; 0 when not pruned
@@ -82,7 +84,7 @@ class Generation:
 
     token_ids: list[int]  # generated tokens, end-of-sequence excluded
     text: str  # token_ids decoded by the base model's tokenizer
-    finish_reason: str  # "stop" (EOS) or "length"
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
     ttft_s: float  # this row's time from the start of its base pass to its first token
     prefill_s: float  # the base prefill that produced this row's first token
     decode_s: float  # this row's decode steps

@@ -12,7 +12,8 @@ bucket is prefilled. A bucket is left-padded to its longest kept length M:
 The mask stays 2-D: sdpa's mask builder (transformers' `sdpa_mask`) makes what the kernel needs,
 and with no padding it builds nothing (the kernel's causal flag). Decode step t feeds one token per
 row at position n_b + t. The KV cache holds kept tokens only. Finish bookkeeping stays on the device;
-the loop syncs once per step (`done.all()`), and the tokens come back once at the end.
+the loop syncs once per step (`done.all()`; twice in a bucket with stop strings), and the tokens come back once
+at the end. Penalties, filters and stop strings (a request's `sampling`): sampling.py, as vLLM applies them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from spcli.engines.hf.sampling import SamplingRules, StopStrings
+from spcli.engines.stop_strings import stop_at
 from spcli.errors import StopAtSafePoint
 from spcli.models.device import synchronize
 from spcli.stages.batching import left_pad, length_groups
@@ -58,7 +61,7 @@ def generate(
     groups = length_buckets([int(p.kept.numel()) for p in prompts]) if bucket else [list(range(len(prompts)))]
     out: list[Generation | None] = [None] * len(prompts)
     for group in groups:
-        batch = _Batch([prompts[i] for i in group], eos_ids, device)
+        batch = _Batch([prompts[i] for i in group], eos_ids, device, model.config.vocab_size, tokenizer)
         for i, gen in zip(group, batch.run(model, tokenizer, pad_id, keep_first_logprobs, t0, should_stop)):
             out[i] = gen
     return out  # type: ignore[return-value]
@@ -78,7 +81,8 @@ class _Steps:
 class _Batch:
     """One bucket: prefill, then decode until every row stops."""
 
-    def __init__(self, prompts: list[PrunedRequest], eos_ids: set[int], device: torch.device):
+    def __init__(self, prompts: list[PrunedRequest], eos_ids: set[int], device: torch.device, vocab_size: int,
+                 tokenizer):
         self.prompts = prompts
         self.device = device
         self.eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)  # [E]
@@ -89,15 +93,21 @@ class _Batch:
         self.temperature = torch.tensor([prompts[b].temperature for b in sampled], device=device)  # [S]
         # one generator per sampled row, on the device: a row's draws do not depend on its batch
         self.generators = [torch.Generator(device=device).manual_seed(prompts[b].seed) for b in sampled]
+        self.rules = SamplingRules(prompts, sampled, vocab_size, device)
+        self.stops = StopStrings(prompts, tokenizer) if any(p.sampling.stop for p in prompts) else None
 
-    def pick(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [B, V] float32 -> next ids [B]: greedy, or sampled per row (exponential race:
-        argmax p / E with E ~ Exp(1) draws from p), batched over the sampled rows."""
+    def pick(self, logits: torch.Tensor, picked: list[torch.Tensor]) -> torch.Tensor:
+        """logits [B, V] float32, picked: the ids [B] of the steps before -> next ids [B]: penalties applied,
+        then greedy, or sampled per row (the filters, then the exponential race: argmax p / E with E ~ Exp(1)
+        draws from p), batched over the sampled rows."""
+        if self.rules.processors:
+            output_ids = torch.stack(picked, dim=1) if picked else logits.new_zeros(len(logits), 0, dtype=torch.long)
+            logits = self.rules.penalize(output_ids, logits)  # [B, V]
         next_ids = logits.argmax(dim=-1)
         if self.generators:
             race = torch.stack([torch.empty(logits.shape[-1], device=self.device).exponential_(generator=g)
                                 for g in self.generators])  # [S, V]
-            scores = logits[self.sampled] / self.temperature[:, None] - race.log()
+            scores = self.rules.filter(logits[self.sampled] / self.temperature[:, None]) - race.log()
             next_ids[self.sampled] = scores.argmax(dim=-1)
         return next_ids
 
@@ -126,7 +136,7 @@ class _Batch:
         logits = out.logits[:, -1, :].float()  # [B, V]
         first = torch.log_softmax(logits, dim=-1).cpu() if keep_first_logprobs else None
         steps = _Steps([], [], [], [], [])
-        next_ids = self.pick(logits)
+        next_ids = self.pick(logits, steps.ids)
         self.record(steps, logits, next_ids)
         synchronize(device)
         t1 = time.perf_counter()
@@ -142,6 +152,10 @@ class _Batch:
             is_stop |= is_eos
             num_out += active
             done |= is_eos | (num_out >= self.max_tokens)
+            if self.stops is not None:
+                is_stop_string = self.stops.update(next_ids, active)  # [B]
+                is_stop |= is_stop_string
+                done |= is_stop_string
             if step == max_steps - 1 or bool(done.all()):  # the loop's one sync
                 break
             if should_stop():
@@ -151,7 +165,7 @@ class _Batch:
             out = model(input_ids=next_ids.view(num_rows, 1), attention_mask=mask,
                         position_ids=(next_pos + step).view(num_rows, 1), past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1, :].float()
-            next_ids = self.pick(logits)
+            next_ids = self.pick(logits, steps.ids)
             self.record(steps, logits, next_ids)
         t2 = time.perf_counter()
         return self._generations(steps, is_stop.tolist(), tokenizer, first,
@@ -174,8 +188,10 @@ class _Batch:
                 k = p.num_logprobs
                 logprobs = [TokenLogprob(ids[b][t], lp[b][t], list(zip(top_ids[b][t][:k], top_lp[b][t][:k])))
                             for t in kept_steps]
+            decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)
+            _, text, _ = stop_at(tokens, decode, p.sampling.stop)  # the text before the stop string it ended on
             gens.append(Generation(
-                tokens, tokenizer.decode(tokens, skip_special_tokens=True), "stop" if is_stop[b] else "length",
+                tokens, text, "stop" if is_stop[b] else "length",
                 ttft_s=ttft_s, prefill_s=prefill_s, decode_s=decode_s, logprobs=logprobs,
                 first_logprobs=first[b] if first is not None else None,
             ))

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from spcli.config.sampling import VLLM_MAX_TEMPERATURE
+from spcli.engines.stop_strings import stop_at
 from spcli.engines.vllm.keys import KEPT_KEY, LENGTH_KEY, WORKER_CLS, check_vllm_version
 from spcli.errors import ConfigError, RecordError
 from spcli.stages.request import Generation, PrunedRequest, TokenLogprob
@@ -125,6 +127,9 @@ class VllmRunner:
             )
         if req.max_tokens < 1:
             raise RecordError(f"max_tokens must be >= 1, got {req.max_tokens}")
+        if req.temperature > VLLM_MAX_TEMPERATURE:
+            raise RecordError(f"field 'temperature' ({req.temperature!r}) is more than {VLLM_MAX_TEMPERATURE}, the most "
+                              "--engine vllm applies (vLLM's SamplingParams); lower it, or run --engine hf")
         if n + req.max_tokens > self.max_positions:
             raise RecordError(
                 f"prompt of n={n} tokens + max_tokens={req.max_tokens} needs positions up to "
@@ -151,13 +156,17 @@ class VllmRunner:
             shared = req.group is not None and req.shared_kept > 0
             prompt["cache_salt"] = shared_salt(req) if shared else cache_salt(np.asarray(positions), req.num_prompt_tokens)
             extra = {KEPT_KEY: positions, LENGTH_KEY: req.num_prompt_tokens}
+        s = req.sampling
         params = SamplingParams(
             max_tokens=req.max_tokens,
             temperature=req.temperature,
             seed=req.seed if req.temperature > 0 else None,
             logprobs=req.num_logprobs or None,  # none computed when off
             stop_token_ids=sorted(self.eos_ids),
-            detokenize=False,  # spcli decodes with the base's tokenizer
+            top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
+            stop=list(s.stop) or None,
+            detokenize=bool(s.stop),  # vLLM finds stop strings in its own text; spcli decodes with the base's tokenizer
             extra_args=extra,
         )
         return prompt, params
@@ -184,11 +193,14 @@ class VllmRunner:
     def _generation(self, output, req: PrunedRequest, ttft_s: float, prefill_s: float, wall: float) -> Generation:
         completion = output.outputs[0]
         tokens, finish = until_eos(completion.token_ids, self.eos_ids, completion.finish_reason)
+        decode = lambda t: self.tokenizer.decode(t, skip_special_tokens=True)
+        tokens, text, is_stop_string = stop_at(tokens, decode, req.sampling.stop)  # as the hf engine ends and cuts
+        finish = "stop" if is_stop_string else finish
         logprobs = None
         if req.num_logprobs and completion.logprobs:
             logprobs = [_token_logprob(t, step, req.num_logprobs) for t, step in zip(tokens, completion.logprobs)]
         return Generation(
-            token_ids=tokens, text=self.tokenizer.decode(tokens, skip_special_tokens=True), finish_reason=finish,
+            token_ids=tokens, text=text, finish_reason=finish,
             ttft_s=ttft_s, prefill_s=prefill_s, decode_s=max(0.0, wall - ttft_s), logprobs=logprobs,
         )
 
