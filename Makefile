@@ -54,7 +54,7 @@ demo: $(VENV)/.base
 	@echo "outputs: out/demo (part-*.parquet, manifest.json); look inside with: .venv/bin/spcli inspect out/demo"
 
 VLLM_TESTS := tests/test_engines_vllm_driver_engine.py tests/test_engines_vllm_run.py tests/test_engines_vllm_driver_args.py \
-	tests/test_engines_vllm_startup.py \
+	tests/test_engines_vllm_startup.py tests/test_engines_vllm_sampling.py \
 	tests/test_vllm_ray.py
 
 # the two venvs and the browser install side by side; each suite starts as soon as its venv is ready, and the
