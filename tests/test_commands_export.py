@@ -81,7 +81,7 @@ def test_export_of_a_partial_run_writes_the_committed_rows_and_says_how_many_are
     assert [r["ticket_id"] for r in table] == ["T-1040", "T-1041"] and all(r["output"] for r in table)
     assert res.stderr == (f"spcli: exported 2 rows of {out}; 4 rows pending: not committed yet (run the same "
                           "`spcli run` again to finish them)\n")
-    res = spcli("inspect", str(out), "--answers", "-n", "1", "--width", "120")
+    res = spcli("inspect", str(out), "--answers", "-n", "1", "--width", "400")  # the header names the long tmp path
     assert f"{out}: the first 1 of 2 committed rows, 4 pending" in res.stdout and "T-1040" in res.stdout
     assert "T-1041" not in res.stdout and "answer" in res.stdout and "1 more (use -n, or spcli export)" in res.stdout
 
