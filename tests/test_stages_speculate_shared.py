@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from spcli.config.scoring import ScoreConfig
+from spcli.stages.batching import prefix_batches
 from spcli.models.load import load_causal_lm
 from spcli.stages.speculate import speculate
-from spcli.stages.speculate_shared import shared_prefix_len, speculate_shared, suffix_batches
+from spcli.stages.speculate_shared import shared_prefix_len, speculate_shared
 
 CPU = torch.device("cpu")
 DOC = list(range(1000, 1057))  # p = 57 shared tokens
@@ -90,7 +91,7 @@ def test_chunked_prefix_and_split_suffix_batches_score_the_same(model):
     finally:
         handle.remove()
     assert calls[:5] == [(1, 13)] * 4 + [(1, 5)]  # 57 = 4 x 13 + 5, once
-    assert suffix_batches(len(DOC), list(map(len, SUFFIXES)), 150) == [[0, 1], [2], [3]]
+    assert prefix_batches(len(DOC), list(map(len, SUFFIXES)), 150) == [[0, 1], [2], [3]]
     for a, b in zip(whole.speculations, split.speculations):
         assert a.lookahead_ids == b.lookahead_ids
         assert_close("chunk 13, batches of 150 tokens", a.importance, b.importance)

@@ -28,10 +28,10 @@ from torch import nn
 from transformers import DynamicCache
 
 from spcli.config.scoring import SPECULATOR_CHUNK, ScoreConfig
-from spcli.models.capture import QueryCapture
 from spcli.models.device import synchronize
+from spcli.stages.batching import Padded, left_pad, prefix_batches
+from spcli.models.capture import QueryCapture
 from spcli.models.load import decoder_prefix
-from spcli.stages.batching import Padded, left_pad
 from spcli.stages.speculate import Speculation, look_ahead, prefill, score_rows, speculate_batch
 
 SUFFIX_BATCH_TOKENS = 32768  # padded tokens per suffix forward, the prefix copies included (prepare's bound)
@@ -99,21 +99,6 @@ def _copies(prefix: PrefixPass, num_rows: int) -> DynamicCache:
     return cache
 
 
-def suffix_batches(num_shared: int, suffix_lens: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices of the suffixes run together, in order: each batch's rows x (p + its longest suffix) within max_tokens
-    (a suffix over it runs alone)."""
-    batches: list[list[int]] = []
-    longest = 0
-    for i, n in enumerate(suffix_lens):
-        if batches and (len(batches[-1]) + 1) * (num_shared + max(longest, n)) <= max_tokens:
-            batches[-1].append(i)
-            longest = max(longest, n)
-        else:
-            batches.append([i])
-            longest = n
-    return batches
-
-
 @torch.inference_mode()
 def speculate_suffixes(prefix: PrefixPass, suffixes: list[list[int]], cfg: ScoreConfig, eos_ids: set[int],
                        device: torch.device, with_unpooled: bool = False) -> list[Speculation]:
@@ -173,7 +158,7 @@ def speculate_shared(model: nn.Module, prompts: list[list[int]], cfg: ScoreConfi
     prefix = prefill_prefix(model, prompts[0][:p], cfg, device, chunk)
     suffixes = [q[p:] for q in prompts]
     specs: list[Speculation | None] = [None] * len(prompts)
-    for group in suffix_batches(p, list(map(len, suffixes)), max_batch_tokens):
+    for group in prefix_batches(p, list(map(len, suffixes)), max_batch_tokens):
         for i, spec in zip(group, speculate_suffixes(prefix, [suffixes[i] for i in group], cfg, eos_ids, device,
                                                      with_unpooled)):
             spec.speculate_s += prefix.forward_s / len(prompts)
