@@ -14,7 +14,8 @@ import random
 from dataclasses import dataclass
 
 from spcli.evaluate.needles import INTRO, MONTHS, _code
-from spcli.evaluate.tasks import ADJECTIVES, FIRST, LAST, NOUNS, Example, Filler, _insert
+from spcli.evaluate.haystack import ADJECTIVES, FIRST, LAST, NOUNS, insert_at_depths
+from spcli.evaluate.tasks import Example, Filler
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,16 @@ def document(rng: random.Random, filler: Filler, doc_tokens: int, num_facts: int
     facts = [fact(rng, t) for t in things]
     room = doc_tokens - sum(filler.count(f.sentence) + 1 for f in facts)
     depths = [rng.uniform(0.05, 0.95) for _ in facts]
-    text = " ".join(_insert(filler.take(rng, max(0, room)), [f.sentence for f in facts], depths))
+    text = " ".join(insert_at_depths(filler.take(rng, max(0, room)), [f.sentence for f in facts], depths))
     return text, facts
 
 
-def documents(tokenizer, num_docs: int, num_facts: int, doc_tokens: int, seed: int, max_tokens: int = 24) -> list[Doc]:
-    """`num_docs` documents, each with its questions in random order."""
+def documents(tokenizer, num_docs: int, num_facts: int, doc_tokens: int, seed: int, max_tokens: int = 24,
+              first: int = 0) -> list[Doc]:
+    """Documents first .. first + num_docs - 1 (each its own seed), each with its questions in random order."""
     filler = Filler(tokenizer)
     out = []
-    for d in range(num_docs):
+    for d in range(first, first + num_docs):
         rng = random.Random(f"shared-docs:{doc_tokens}:{num_facts}:{seed}:{d}")
         text, facts = document(rng, filler, doc_tokens, num_facts)
         order = rng.sample(range(num_facts), num_facts)

@@ -124,3 +124,7 @@ def test_shared_docs_rules_bench_reports_every_rule_at_every_group_size(tmp_path
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == sum(g["Q"] for g in groups) and all(r["acc"] is not None for r in rows)
     assert "c+top" in proc.stdout and "vs full" in proc.stdout
+    joined = bench_here("shared_docs_rules.py", "--model", str(tiny_dir), "--from", f"{out},{out}")  # no model runs
+    assert joined.returncode == 0, joined.stderr[-2000:]
+    table = lambda text: [line.split()[:4] for line in text.splitlines() if not line.startswith("#")][1:]
+    assert [[*cells[:3], str(2 * int(cells[3]))] for cells in table(proc.stdout)] == table(joined.stdout)  # n twice

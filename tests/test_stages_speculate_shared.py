@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from spcli.config.scoring import ScoreConfig
-from spcli.stages.batching import prefix_batches
 from spcli.models.load import load_causal_lm
+from spcli.stages.batching import prefix_batches
 from spcli.stages.speculate import speculate
 from spcli.stages.speculate_shared import shared_prefix_len, speculate_shared
 

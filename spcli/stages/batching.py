@@ -1,6 +1,6 @@
 """Prompts of unequal length in one padded batch: one grouping rule and one left-pad for the speculator's
 passes (`prepare`) and the base's buckets (`hf_pass`); `prefix_batches` for rows over copies of a shared prefix
-(speculate_shared, hf_shared).
+(speculate_shared, engines/hf/shared_pass).
 
 A group's padded size is rows x width (its longest prompt); `length_groups` grows a group greedily, in
 length order, while that size stays within max_padding x (its real tokens) + slack_per_row x rows and

@@ -14,7 +14,7 @@ would read the document once per question. Here, for a group of B prompts:
 Prompt b's query rows are its last min(window, n_b) prompt tokens' (from its suffix, and from the prefix's last rows
 where the suffix is shorter than the window: a prefix token's query does not depend on what follows it), then its
 look-ahead rows; its keys are the prefix's, then its own. Scoring is speculate.score_rows, so each prompt's importance
-equals speculate.speculate's on that prompt alone (up to float rounding; tests/test_speculate_shared.py) and its
+equals speculate.speculate's on that prompt alone (up to float rounding; tests/test_stages_speculate_shared.py) and its
 Speculation is the same hand-off. Without look-ahead the passes stop after the last scored layer (early exit).
 """
 
@@ -28,10 +28,10 @@ from torch import nn
 from transformers import DynamicCache
 
 from spcli.config.scoring import SPECULATOR_CHUNK, ScoreConfig
-from spcli.models.device import synchronize
-from spcli.stages.batching import Padded, left_pad, prefix_batches
 from spcli.models.capture import QueryCapture
+from spcli.models.device import synchronize
 from spcli.models.load import decoder_prefix
+from spcli.stages.batching import Padded, left_pad, prefix_batches
 from spcli.stages.speculate import Speculation, look_ahead, prefill, score_rows, speculate_batch
 
 SUFFIX_BATCH_TOKENS = 32768  # padded tokens per suffix forward, the prefix copies included (prepare's bound)

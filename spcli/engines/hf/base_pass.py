@@ -76,7 +76,7 @@ class _Steps:
 
 
 class Bucket:
-    """One bucket: prefill (`prefill`, or the one `run` is given: hf_shared's), then decode until every row stops."""
+    """One bucket: prefill (`prefill`, or the one `run` is given: shared_pass's), then decode until every row stops."""
 
     def __init__(self, prompts: list[PrunedRequest], eos_ids: set[int], device: torch.device):
         self.prompts = prompts
