@@ -76,7 +76,7 @@ def prefill_prefix(model: nn.Module, ids: list[int], cfg: ScoreConfig, device: t
                    chunk: int = SPECULATOR_CHUNK) -> PrefixPass:
     """Prefill `ids` (p >= 1 tokens) once with the speculator `model` (a *ForCausalLM), keeping its cache and its
     last window rows. The LM head never runs: a prefix's logits are no prompt's last."""
-    assert cfg.is_resolved, "resolve the score configuration first (spcli.profiles.resolve_score)"
+    assert cfg.is_resolved, "resolve the score configuration first (spcli.models.profiles.resolve_score)"
     assert ids, "an empty prefix has nothing to prefill"
     t0 = time.perf_counter()
     layers = cfg.layers(getattr(model, "spcli_num_layers", model.config.num_hidden_layers))  # load_prefix sets it
