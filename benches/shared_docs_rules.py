@@ -13,6 +13,7 @@ the selection `spcli run` makes (select_tokens, the model's resolved SelectConfi
     c      one document set scored from all questions' rows together (their importance's max over questions, as one
            pass with rows max would; the mean with rows mean), selected over the document at the keep rate, + each
            question's own tokens
+    c@b    c's document importance selected at b's budget (the union's size): the same cost as b, another choice
     c+top  c, each question adding its own best units outside the set (--top-up tokens, by its own importance),
            placed after the shared part at their positions (shared_pass's approximation)
     kvzip  one document set from reconstruction rows (KVzip, arXiv 2505.23416): after the document the speculator
@@ -57,7 +58,7 @@ from spcli.stages.speculate_shared import prefill_prefix, speculate_shared, spec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shared_docs_data import Doc, documents  # noqa: E402
 
-RULES = ("a", "b", "c", "c+top", "kvzip")
+RULES = ("a", "b", "c", "c@b", "c+top", "kvzip")
 REPEAT = "\n\nRepeat the notes above exactly.\n\n"  # KVzip's reconstruction prompt, in the user's turn
 
 
@@ -97,11 +98,14 @@ def kept_sets(rule: str, reqs, imps, own, p: int, sel: SelectConfig, top_up: int
     """(the shared document set, each question's kept positions) under a shared `rule`; `own`: each question's own
     selection (rule a's). Rule c's document importance: all questions' rows together, combined as `rows` combines a
     prompt's rows (each question scores as many rows)."""
+    union = torch.unique(torch.cat([k[k < p] for k in own]))
     if rule == "b":
-        shared = torch.unique(torch.cat([k[k < p] for k in own]))
+        shared = union
     else:
         together = torch.stack([i[:p] for i in imps])  # [Q, p]
         doc = kv if rule == "kvzip" else (together.amax(0) if rows == "max" else together.mean(0))
+        if rule == "c@b":  # c's scores at b's budget: the union's size
+            sel = dataclasses.replace(sel, keep=min(1.0, union.numel() / p))
         shared = document_set(doc, reqs, p, sel)
     kept = []
     for r, i, k in zip(reqs, imps, own):

@@ -116,7 +116,7 @@ def test_shared_docs_rules_bench_reports_every_rule_at_every_group_size(tmp_path
     groups = [json.loads(line) for line in (out / "groups.jsonl").read_text().splitlines()]
     seen = {(g["Q"], g["keep"], g["rule"]) for g in groups}
     assert seen == {(q, 1.0, "full") for q in (1, 3)} | {(q, 0.3, r) for q in (1, 3)
-                                                          for r in ("a", "b", "c", "c+top", "kvzip")}
+                                                          for r in ("a", "b", "c", "c@b", "c+top", "kvzip")}
     by = {(g["Q"], g["keep"], g["rule"]): g for g in groups}
     full, a, b = by[3, 1.0, "full"], by[3, 0.3, "a"], by[3, 0.3, "b"]
     assert full["base_tokens"] == full["p"] + full["spec_tokens_alone"] - 3 * full["p"]  # the document once
