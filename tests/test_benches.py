@@ -106,3 +106,25 @@ def test_summaries_bench_compares_each_keep_with_full_prefill(tmp_path, tiny_dir
     assert sorted(results) == ["0.3", "1.0"]
     assert results["1.0"]["rouge_l_mean"] == 1.0 and results["1.0"]["ttft_ratio"] == 1.0  # full against itself
     assert 0.0 <= results["0.3"]["rouge_l_mean"] <= 1.0 and results["0.3"]["ttft_s"] > 0
+
+
+def test_shared_docs_rules_bench_reports_every_rule_at_every_group_size(tmp_path, tiny_dir):
+    out = tmp_path / "rules"
+    proc = bench("shared_docs_rules.py", "--model", str(tiny_dir), "--facts", "3", "--sizes", "1,3", "--doc-tokens",
+                 "560", "--keeps", "0.3", "--max-tokens", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    groups = [json.loads(line) for line in (out / "groups.jsonl").read_text().splitlines()]
+    seen = {(g["Q"], g["keep"], g["rule"]) for g in groups}
+    assert seen == {(q, 1.0, "full") for q in (1, 3)} | {(q, 0.3, r) for q in (1, 3)
+                                                          for r in ("a", "b", "c", "c@b", "c+top", "kvzip")}
+    by = {(g["Q"], g["keep"], g["rule"]): g for g in groups}
+    full, a, b = by[3, 1.0, "full"], by[3, 0.3, "a"], by[3, 0.3, "b"]
+    assert full["base_tokens"] == full["p"] + full["spec_tokens_alone"] - 3 * full["p"]  # the document once
+    assert b["base_tokens"] <= a["base_tokens"] and by[1, 0.3, "b"]["base_tokens"] == by[1, 0.3, "a"]["base_tokens"]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == sum(g["Q"] for g in groups) and all(r["acc"] is not None for r in rows)
+    assert "c+top" in proc.stdout and "vs full" in proc.stdout
+    joined = bench_here("shared_docs_rules.py", "--model", str(tiny_dir), "--from", f"{out},{out}")  # no model runs
+    assert joined.returncode == 0, joined.stderr[-2000:]
+    table = lambda text: [line.split()[:4] for line in text.splitlines() if not line.startswith("#")][1:]
+    assert [[*cells[:3], str(2 * int(cells[3]))] for cells in table(proc.stdout)] == table(joined.stdout)  # n twice

@@ -6,6 +6,7 @@
   restate.py     an instruction asked before the document, read again after it by the speculator
   batching.py    prompts of unequal length in one padded speculator batch
   speculate.py   the speculator pass: importance per prompt token (the scoring maths: spcli/kernels/)
+  speculate_shared.py  the same, for prompts sharing a prefix (a document's questions): the prefix read once
   align.py       a speculator of another tokenizer: its importance carried to the base's tokens
   pays.py        whether pruning a prompt pays (speculator + kept against full, in FLOPs: spcli/plan/flops.py)
   select.py      kept indices (sorted, original positions)

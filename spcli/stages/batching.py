@@ -1,5 +1,6 @@
 """Prompts of unequal length in one padded batch: one grouping rule and one left-pad for the speculator's
-passes (`prepare`) and the base's buckets (`hf_pass`).
+passes (`prepare`) and the base's buckets (`hf_pass`); `prefix_batches` for rows over copies of a shared prefix
+(speculate_shared, engines/hf/shared_pass).
 
 A group's padded size is rows x width (its longest prompt); `length_groups` grows a group greedily, in
 length order, while that size stays within max_padding x (its real tokens) + slack_per_row x rows and
@@ -34,6 +35,21 @@ def length_groups(lengths: list[int], *, longest_first: bool, max_padding: float
         groups.append([i])
         real = lengths[i]
     return groups
+
+
+def prefix_batches(num_shared: int, own_lens: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices of rows run together over copies of a shared prefix of num_shared tokens, in order: a batch's rows x
+    (num_shared + its longest own part) stays within max_tokens (a row over it runs alone)."""
+    batches: list[list[int]] = []
+    longest = 0
+    for i, n in enumerate(own_lens):
+        if batches and (len(batches[-1]) + 1) * (num_shared + max(longest, n)) <= max_tokens:
+            batches[-1].append(i)
+            longest = max(longest, n)
+        else:
+            batches.append([i])
+            longest = n
+    return batches
 
 
 @dataclass

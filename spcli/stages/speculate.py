@@ -80,21 +80,10 @@ def speculate_batch(
     else:
         cache = DynamicCache(config=model.config)
         out = prefill(model, batch, cache, cap, chunk, logits_to_keep=1)
-        mask = batch.attention_mask
         next_pos = torch.tensor(list(map(len, prompts)), device=device)  # [B]
-        alive = [True] * len(prompts)
-        for step in range(cfg.lookahead):
-            next_ids = out.logits[:, -1].argmax(dim=-1)  # [B]
-            for b, tok in enumerate(next_ids.tolist()):
-                alive[b] = alive[b] and tok not in eos_ids  # an EOS token's query and all after it are not scored
-                if alive[b]:
-                    lookahead[b].append(tok)
-                    num_steps[b] += 1
-            if not any(alive):
-                break
-            mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
-            out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=(next_pos + step)[:, None],
-                        past_key_values=cache, use_cache=True, logits_to_keep=1, spcli_capture=cap)
+        lookahead = look_ahead(model, out.logits[:, -1], batch.attention_mask, next_pos, cache, cap, cfg.lookahead,
+                               eos_ids)
+        num_steps = list(map(len, lookahead))
         keys = [cache.layers[layer].keys for layer in layers]  # after the look-ahead: the cache re-allocates
     queries = cap.queries()  # [L_s, B, H, S, D]
     synchronize(device)  # CUDA runs ahead of the host: the clock waits for the forward passes to finish
@@ -107,21 +96,53 @@ def speculate_batch(
         captured = min(cfg.num_prompt_rows, width)  # prefill rows captured for the whole batch
         rows = min(cfg.num_prompt_rows, n)  # prompt b's own: the last columns, which are never padding
         q = queries[:, b, :, captured - rows : captured + num_steps[b]].contiguous()  # [L_s, H, S_b, D]
-        limits = None
-        if rows > 1:
-            limits = torch.tensor([*range(n - rows + 1, n + 1), *[n] * num_steps[b]], device=q.device)  # [S_b]
         own_keys = [k[b, :, pad:width] for k in keys]
-        importance = token_importance(q, own_keys, pool=cfg.pool, impl=cfg.impl, row_limits=limits, rows=cfg.rows)
-        unpooled = None
-        if with_unpooled:
-            unpooled = importance if cfg.pool == 1 else token_importance(q, own_keys, pool=1, impl=cfg.impl,
-                                                                         row_limits=limits, rows=cfg.rows)
+        importance, unpooled = score_rows(q, own_keys, cfg, rows, num_steps[b], with_unpooled)
         synchronize(importance.device)
         share = forward_s * n / total
         out_specs.append(Speculation(importance.float().cpu(), q.shape[2], lookahead[b],
                                      share + time.perf_counter() - s0,
                                      None if unpooled is None else unpooled.float().cpu()))
     return out_specs
+
+
+def look_ahead(model: nn.Module, logits: torch.Tensor, mask: torch.Tensor, next_pos: torch.Tensor, cache: DynamicCache,
+               cap: QueryCapture, num_steps: int, eos_ids: set[int]) -> list[list[int]]:
+    """Greedy look-ahead of every row together on the whole cache, each row's tokens until its first EOS (an EOS
+    token's query and all after it are not scored). logits [B, V]: the prefill's last; mask [B, T] over the cache;
+    next_pos [B]: each row's first look-ahead position. The captured rows grow by one per step taken."""
+    lookahead: list[list[int]] = [[] for _ in range(logits.shape[0])]
+    alive = [True] * logits.shape[0]
+    for step in range(num_steps):
+        next_ids = logits.argmax(dim=-1)  # [B]
+        for b, tok in enumerate(next_ids.tolist()):
+            alive[b] = alive[b] and tok not in eos_ids
+            if alive[b]:
+                lookahead[b].append(tok)
+        if not any(alive):
+            break
+        mask = torch.cat([mask, mask.new_ones(len(alive), 1)], dim=1)
+        out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=(next_pos + step)[:, None],
+                    past_key_values=cache, use_cache=True, logits_to_keep=1, spcli_capture=cap)
+        logits = out.logits[:, -1]
+    return lookahead
+
+
+def score_rows(q: torch.Tensor, keys: list[torch.Tensor], cfg: ScoreConfig, num_prompt_rows: int, num_steps: int,
+               with_unpooled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One prompt's importance [n] (and at pool 1 where `with_unpooled`, else None) from its query rows q
+    [L_s, H, S, D] (its last `num_prompt_rows` prompt tokens', each causal, then `num_steps` look-ahead rows over
+    all n keys) and its keys L_s x [KVH, n, D]."""
+    n = keys[0].shape[1]
+    limits = None
+    if num_prompt_rows > 1:
+        limits = torch.tensor([*range(n - num_prompt_rows + 1, n + 1), *[n] * num_steps], device=q.device)  # [S]
+    importance = token_importance(q, keys, pool=cfg.pool, impl=cfg.impl, row_limits=limits, rows=cfg.rows)
+    unpooled = None
+    if with_unpooled:
+        unpooled = importance if cfg.pool == 1 else token_importance(q, keys, pool=1, impl=cfg.impl,
+                                                                     row_limits=limits, rows=cfg.rows)
+    return importance, unpooled
 
 
 def speculate(model: nn.Module, input_ids: list[int], cfg: ScoreConfig, eos_ids: set[int],

@@ -61,7 +61,7 @@ def generate(
     groups = length_buckets([int(p.kept.numel()) for p in prompts]) if bucket else [list(range(len(prompts)))]
     out: list[Generation | None] = [None] * len(prompts)
     for group in groups:
-        batch = _Batch([prompts[i] for i in group], eos_ids, device, model.config.vocab_size, tokenizer)
+        batch = Bucket([prompts[i] for i in group], eos_ids, device, model.config.vocab_size, tokenizer)
         for i, gen in zip(group, batch.run(model, tokenizer, pad_id, keep_first_logprobs, t0, should_stop)):
             out[i] = gen
     return out  # type: ignore[return-value]
@@ -78,8 +78,8 @@ class _Steps:
     top_logprobs: list[torch.Tensor]  # per step [B, N] float32
 
 
-class _Batch:
-    """One bucket: prefill, then decode until every row stops."""
+class Bucket:
+    """One bucket: prefill (`prefill`, or the one `run` is given: shared_pass's), then decode until every row stops."""
 
     def __init__(self, prompts: list[PrunedRequest], eos_ids: set[int], device: torch.device, vocab_size: int,
                  tokenizer):
@@ -120,20 +120,25 @@ class _Batch:
             steps.top_ids.append(top.indices)
             steps.top_logprobs.append(top.values)
 
+    def prefill(self, model: nn.Module, pad_id: int) -> tuple[DynamicCache, torch.Tensor | None, torch.Tensor]:
+        """Every row's kept tokens at their positions: (the cache, the mask [B, M] (None without padding), the last
+        logits [B, V] float32)."""
+        batch = left_pad([p.kept_ids() for p in self.prompts], [p.kept for p in self.prompts], self.device, fill=pad_id)
+        mask = batch.attention_mask if batch.is_padded else None
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return cache, mask, out.logits[:, -1, :].float()
+
     def run(self, model: nn.Module, tokenizer, pad_id: int, keep_first_logprobs: bool, t0: float,
-            should_stop) -> list[Generation]:
+            should_stop, prefill=None) -> list[Generation]:
+        """prefill(model, pad_id) -> (cache, mask, logits) as Bucket.prefill's (default: it)."""
         prompts, device = self.prompts, self.device
         num_rows = len(prompts)
-        batch = left_pad([p.kept_ids() for p in prompts], [p.kept for p in prompts], device, fill=pad_id)
-        input_ids, position_ids = batch.input_ids, batch.position_ids
-        mask = batch.attention_mask if batch.is_padded else None
         next_pos = torch.tensor([p.num_prompt_tokens for p in prompts], device=device)  # [B] n
 
         t_start = time.perf_counter()
-        cache = DynamicCache(config=model.config)
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1, :].float()  # [B, V]
+        cache, mask, logits = (prefill or self.prefill)(model, pad_id)
         first = torch.log_softmax(logits, dim=-1).cpu() if keep_first_logprobs else None
         steps = _Steps([], [], [], [], [])
         next_ids = self.pick(logits, steps.ids)
