@@ -105,3 +105,32 @@ def test_inspect_says_a_row_shared_its_document(tmp_path, tiny_dir, qa_file):
     res = CliRunner().invoke(app, ["inspect", str(tmp_path / "g"), "--id", "d1q2", "--plain"])
     assert res.exit_code == 0, res.output
     assert "document kept with 2 other questions (group d1q0)" in res.output.splitlines()[0]
+
+
+def test_each_group_reads_and_prefills_its_document_once_on_hf(tmp_path, tiny_dir, qa_file, monkeypatch):
+    """The speculator prefills each group's document once (speculate_shared's prefix pass) and the hf base prefills
+    each group's kept document once (shared_pass), 3 documents x 3 questions; the rows equal those made without."""
+    from spcli.engines.hf import shared_pass
+    from spcli.stages import speculate_shared
+
+    calls = {"speculator": [], "base": []}
+
+    def spy(module, name, key, length):
+        real = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            calls[key].append(length(*args))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    spy(speculate_shared, "prefill_prefix", "speculator", lambda model, ids, *a: len(ids))
+    spy(shared_pass, "prefill_shared", "base", lambda model, group, *a: int(group.shared.numel()))
+    rows = _run(tmp_path, tiny_dir, qa_file, "counted", "--batch-size", "9", "--max-prune-cost", "inf")
+    assert len(calls["speculator"]) == 3 and len(calls["base"]) == 3  # one of each per document
+    for d, n_kept in enumerate(calls["base"]):
+        members = [rows[f"d{d}q{q}"] for q in range(3)]
+        assert n_kept == len(set.intersection(*(set(m["kept_indices"]) for m in members)) & set(range(calls["speculator"][d])))
+    monkeypatch.undo()
+    again = _run(tmp_path, tiny_dir, qa_file, "again", "--batch-size", "1", "--max-prune-cost", "inf")
+    assert {k: r["output"] for k, r in rows.items()} == {k: r["output"] for k, r in again.items()}

@@ -27,6 +27,7 @@ from spcli.stages.restate import prompt_part, restated_for
 from spcli.stages.select import is_pruned, select_tokens
 from spcli.stages.share import Group, find_groups, group_pays, keep_whole, mark, unite
 from spcli.stages.speculate import Speculation, speculate_batch
+from spcli.stages.speculate_shared import speculate_shared
 from spcli.stages.tokenize import cross_tokenize, tokenize, tokenize_units
 
 
@@ -208,9 +209,38 @@ def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: Scor
     elif remote is not None:
         speculation = MadePass(remote(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled))
     else:
-        speculation = MadePass(speculate_prompts(stack.speculator, prompts, score, stack.speculator_eos_ids, stack.device, chunk,
-                                       on_stage, should_stop, with_unpooled=with_unpooled))
+        speculation = MadePass(local_pass(stack, requests, todo, [g for g in groups if g.is_shared], score, chunk,
+                                          on_stage, should_stop, with_unpooled))
     return Scoring(list(requests), todo, select, speculation, groups=list(groups), pair=pair, score=score)
+
+
+def local_pass(stack: ModelStack, requests: list[PrunedRequest], todo: list[int], groups: list[Group], score: ScoreConfig,
+               chunk: int, on_stage, should_stop, with_unpooled: bool) -> list[Speculation | RecordError]:
+    """The speculator pass in this process, per request of `todo`: a shared group's document prefilled once and each
+    question scored over it (speculate_shared: the importance of each as alone), the others by speculate_prompts.
+    (vLLM's worker replicas score each question alone: the group's base prefill is shared there, not its scoring.)"""
+    at = {i: k for k, i in enumerate(todo)}
+    out: list[Speculation | RecordError | None] = [None] * len(todo)
+    grouped = {i for g in groups for i in g.members}
+    alone = [i for i in todo if i not in grouped]
+    run = lambda idx: speculate_prompts(stack.speculator, [requests[i].speculator_prompt for i in idx], score,  # noqa: E731
+                                        stack.speculator_eos_ids, stack.device, chunk, on_stage, should_stop,
+                                        with_unpooled=with_unpooled)
+    for i, spec in zip(alone, run(alone) if alone else []):
+        out[at[i]] = spec
+    for g in groups:
+        if should_stop():
+            raise StopAtSafePoint
+        on_stage(f"speculating a document once for its {len(g.members)} questions")
+        try:
+            specs = speculate_shared(stack.speculator, [requests[i].speculator_prompt for i in g.members], score,
+                                     stack.speculator_eos_ids, stack.device, chunk, with_unpooled).speculations
+        except torch.OutOfMemoryError:
+            free_memory()
+            specs = run(g.members)  # each question alone (a RecordError for one that still does not fit)
+        for i, spec in zip(g.members, specs):
+            out[at[i]] = spec
+    return out  # type: ignore[return-value]
 
 
 def num_protected(req: PrunedRequest) -> int:

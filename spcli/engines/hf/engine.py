@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from spcli.config.run import RunConfig
 from spcli.engines.hf import base_pass as hf_pass
+from spcli.engines.hf import shared_pass
+from spcli.engines.hf.shared_pass import SharedGroup
 from spcli.errors import RecordError
 from spcli.models import files, load, speculator
 from spcli.models.device import free_memory
@@ -42,8 +44,7 @@ class HFEngine:
         if s.base is None:
             raise RuntimeError("this HFEngine was opened without its base model (with_base=False): it only prepares")
         try:
-            return hf_pass.generate(s.base, requests, s.tokenizer, s.eos_ids, s.pad_id, s.device,
-                                    should_stop=should_stop)
+            return self._generate(requests, should_stop)
         except (RuntimeError, MemoryError) as e:
             raise_if_device_error(e, "hf")
             message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -56,6 +57,31 @@ class HFEngine:
             return [RecordError(f"model failed: {what}")]
         self.log(f"batch of {len(requests)} failed ({message}); retrying one row at a time")
         return [g for r in requests for g in self.generate([r], should_stop)]
+
+    def _generate(self, requests: list[PrunedRequest], should_stop) -> list[Generation]:
+        """Members of a document group (spcli.stages.share) through shared_pass, their kept document prefilled once;
+        the others through hf_pass."""
+        s = self.stack
+        groups: dict[str, list[int]] = {}
+        for i, r in enumerate(requests):
+            if r.group is not None and r.shared_kept > 0 and r.num_prompt_tokens > r.shared_len:
+                groups.setdefault(r.group, []).append(i)
+        shared = [members for members in groups.values() if len(members) > 1]
+        alone = sorted(set(range(len(requests))) - {i for members in shared for i in members})
+        out: list[Generation | None] = [None] * len(requests)
+        if alone:
+            gens = hf_pass.generate(s.base, [requests[i] for i in alone], s.tokenizer, s.eos_ids, s.pad_id, s.device,
+                                    should_stop=should_stop)
+            for i, gen in zip(alone, gens):
+                out[i] = gen
+        if shared:
+            groups_in = [SharedGroup([requests[i] for i in members], requests[members[0]].kept[: requests[members[0]].shared_kept])
+                         for members in shared]
+            for members, gens in zip(shared, shared_pass.generate_shared(s.base, groups_in, s.tokenizer, s.eos_ids,
+                                                                         s.pad_id, s.device, should_stop=should_stop)):
+                for i, gen in zip(members, gens):
+                    out[i] = gen
+        return out  # type: ignore[return-value]
 
     def close(self) -> None:
         pass
