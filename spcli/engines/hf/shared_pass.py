@@ -1,7 +1,7 @@
 """The base pass on transformers for groups of requests that each share a kept prefix: every group's shared part is
 prefilled once (issue 51, QA jobs asking several questions of one document).
 
-Contract (for the job loop that groups requests; nothing calls this yet). A `SharedGroup`:
+Contract (HFEngine.generate calls it for the members of a document group, spcli/stages/share.py). A `SharedGroup`:
 
     requests   B PrunedRequests whose token_ids share their first p tokens (a document and its template, as
                speculate_shared.shared_prefix_len finds them); each one's `kept` is everything its base sees
