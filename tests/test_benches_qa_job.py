@@ -87,13 +87,14 @@ def test_a_real_grouped_spcli_run_is_read_back(tmp_path, tiny_dir, docs):
     assert got["shared"] == 4  # two documents, two questions each: every row in a shared group
 
 
-def test_the_work_of_the_difference_and_the_speed_ups():
+def test_the_work_of_the_difference_and_the_speed_ups_of_the_fastest_repeats():
     answers = {"d0-q0": ("1234",), "d1-q0": ("Ines Rossi",)}
     said = {"d0-q0": "The code is 1234.", "d1-q0": "Hugo Sato"}
     runs = [{"name": job.PLAIN, "docs": 2, "wall_s": 100.0, "outputs": {}},
             {"name": job.PLAIN, "docs": 6, "wall_s": 180.0, "outputs": said},
             {"name": "spcli hf", "docs": 2, "wall_s": 50.0, "outputs": {}, "shared": 0},
-            {"name": "spcli hf", "docs": 6, "wall_s": 70.0, "outputs": {**said, "d1-q0": "Ines Rossi"}, "shared": 2}]
+            {"name": "spcli hf", "docs": 6, "wall_s": 70.0, "outputs": {**said, "d1-q0": "Ines Rossi"}, "shared": 2},
+            {"name": job.PLAIN, "docs": 2, "wall_s": 130.0, "outputs": {}}]  # a second, slower repeat: not counted
     plain, hf = qa_job.summarize(runs, answers, (2, 6))
     assert plain["work_s"] == 80.0 and plain["speedup_work"] == 1.0 and plain["right"] == 1 and plain["agree"] == 2
     assert hf["work_s"] == 20.0 and hf["speedup_work"] == 4.0 and hf["speedup_job"] == 180 / 70
@@ -103,3 +104,28 @@ def test_the_work_of_the_difference_and_the_speed_ups():
     assert "| plain vLLM | 100.0 | 180.0 | 80.0 | 1.00x | 1.00x | 1/2 | 2/2 | - |" in text
     slower = [*runs[:2], {**runs[2], "wall_s": 90.0}, {**runs[3], "wall_s": 85.0}]  # noise larger than the work
     assert qa_job.summarize(slower, answers, (2, 6))[1]["speedup_work"] is None
+
+
+def test_main_runs_each_process_per_size_and_repeat_and_saves_the_tables(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(shard, out, args, engine=None, root=None):
+        ids = [json.loads(line)["id"] for line in shard.read_text().splitlines()]
+        calls.append((engine, len(ids), out.name))
+        return {"wall_s": 10.0 + len(ids) * (2.0 if engine is None else 1.0), "outputs": dict.fromkeys(ids, "x"),
+                **({} if engine is None else {"shared": len(ids)})}
+
+    monkeypatch.setattr(qa_job, "run_plain", fake)
+    monkeypatch.setattr(qa_job, "run_spcli", fake)
+    qa_job.main(["--docs", "1,2", "--questions", "2,3", "--length", "300", "--engines", "hf", "--repeat", "2",
+                 "--out", str(tmp_path / "res")])
+    assert [(e, n) for e, n, _ in calls] == [(None, 2), ("hf", 2), (None, 4), ("hf", 4)] * 2 + \
+        [(None, 3), ("hf", 3), (None, 6), ("hf", 6)] * 2
+    assert len({name for _, _, name in calls}) == len(calls)  # every run its own output folder
+    saved = json.loads((tmp_path / "res" / "qa_job.json").read_text())
+    assert sorted(saved["tables"]) == ["2", "3"] and len(saved["runs"]) == 16
+    (plain, hf) = saved["tables"]["3"]
+    assert hf["work_s"] == 3.0 and plain["work_s"] == 6.0 and hf["speedup_work"] == 2.0 and hf["shared"] == 6
+    text = (tmp_path / "res" / "qa_job.md").read_text()
+    assert "Q=3 questions per document" in text and "best of 2" in text
+    assert "| spcli hf | 13.0 | 16.0 | 3.0 | 2.00x | 1.38x | 0/6 | 6/6 | 6/6 |" in text
