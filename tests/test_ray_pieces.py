@@ -157,7 +157,7 @@ def test_status_counts_the_rows_no_range_covers_yet_as_waiting(tmp_path):
     every slot is done, the job is not. `spcli status` says which rows are waiting (the file's uncovered rows,
     found from the file itself, and a file no slot listed) and exits 3, not 0; `spcli inspect` counts them pending."""
     from spcli.inspect.outputs import RunOutputs
-    from spcli.inspect.summary import _pending
+    from spcli.inspect.summary import pending_rows
     from spcli.io.manifest import read_manifests
     from spcli.slurm.status import EXIT_NOT_DONE, collect
 
@@ -177,7 +177,7 @@ def test_status_counts_the_rows_no_range_covers_yet_as_waiting(tmp_path):
 
     def pending():  # what `spcli inspect` counts pending: the listed entries' rows left, plus what none lists
         docs = read_manifests(out)
-        return _pending(RunOutputs(out, docs, {}, {}, [p for d in docs for p in d["shards"].values()], []))
+        return pending_rows(RunOutputs(out, docs, {}, {}, [p for d in docs for p in d["shards"].values()], []))
 
     write(0, [(2, a, (0, 4))])
     write(1, [(4, a, (8, 12))])

@@ -108,9 +108,10 @@ def poll(what: str, check, proc: subprocess.Popen | None = None):
 def test_ray_run_same_rows_as_plain_run(tmp_path, tiny_dir, ray_cluster):
     inputs = make_shards(tmp_path, 3, 4)
     plain, on_ray = tmp_path / "plain", tmp_path / "ray"
-    res = CliRunner().invoke(app, ["run", *inputs, "--out", str(plain), "--model", str(tiny_dir), *ARGS])
+    # --group-max 3: Ray's ranges are cut at multiples of it (a group never spans two), so --split-rows 3 stands
+    res = CliRunner().invoke(app, ["run", *inputs, "--out", str(plain), "--model", str(tiny_dir), *ARGS, "--group-max", "3"])
     assert res.exit_code == 0, res.output
-    cmd = ["run", *inputs, "--out", str(on_ray), "--model", str(tiny_dir), *ARGS, "--ray"]
+    cmd = ["run", *inputs, "--out", str(on_ray), "--model", str(tiny_dir), *ARGS, "--group-max", "3", "--ray"]
     res = CliRunner().invoke(app, [*cmd, "--ray-workers", "2", "--split-rows", "3"])  # each file in 2 row ranges
     assert res.exit_code == 0, res.output
     assert "done: 13 rows (1 failed" in res.output and "in 6 units (6 row ranges)" in res.output
