@@ -130,6 +130,7 @@ class Scoring:
     groups: list[Group] = field(default_factory=list)  # documents shared by several requests (spcli.stages.share)
     pair: tuple | None = None  # (base, speculator) shapes, for a group's second look at whether sharing pays
     score: ScoreConfig | None = None
+    reads_once: bool = False  # a group's speculator reads its document once (in this process: local_pass)
 
     def ready(self) -> bool:
         return self.speculation.ready()
@@ -166,7 +167,7 @@ class Scoring:
                 continue  # a member the speculator could not score: the others stand as selected alone
             if g.is_shared:
                 num_kept = unite(g, out)
-                if not group_pays(self.pair, self.score, self.select, g, out, num_kept):
+                if not group_pays(self.pair, self.score, self.select, g, out, num_kept, self.reads_once):
                     keep_whole(g, out)
             mark(g, out)
 
@@ -193,13 +194,14 @@ def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: Scor
     pair = shapes(stack.path, stack.speculator_name, stack.located[1] if stack.located else None)
     grouped = {}  # request index -> whether its group prunes (judged for the group as a whole)
     for g in groups:
-        if not group_pays(pair, score, select, g, requests):
+        if not group_pays(pair, score, select, g, requests, shared_speculator=stack.speculate_remote is None):
             keep_whole(g, requests)
         grouped.update(dict.fromkeys(g.members, g.is_shared))
     todo = [i for i, r in enumerate(requests) if grouped.get(i, is_pruned(r.num_prompt_tokens, select, r.keep)
             and pays(pair, score, select, r.keep, r.num_prompt_tokens, num_protected(r), len(r.speculator_prompt)))]
     if not todo:
-        scoring = Scoring(list(requests), [], select, MadePass([]), groups=list(groups), pair=pair, score=score)
+        scoring = Scoring(list(requests), [], select, MadePass([]), groups=list(groups), pair=pair, score=score,
+                       reads_once=stack.speculate_remote is None)
         return scoring
     prompts = [requests[i].speculator_prompt for i in todo]  # its own tokens (cross-tokenizer), the restated instruction
     with_unpooled = with_unpooled or any(requests[i].keep == AUTO for i in todo)
@@ -211,7 +213,8 @@ def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: Scor
     else:
         speculation = MadePass(local_pass(stack, requests, todo, [g for g in groups if g.is_shared], score, chunk,
                                           on_stage, should_stop, with_unpooled))
-    return Scoring(list(requests), todo, select, speculation, groups=list(groups), pair=pair, score=score)
+    return Scoring(list(requests), todo, select, speculation, groups=list(groups), pair=pair, score=score,
+                       reads_once=stack.speculate_remote is None)
 
 
 def local_pass(stack: ModelStack, requests: list[PrunedRequest], todo: list[int], groups: list[Group], score: ScoreConfig,
