@@ -44,7 +44,7 @@ from spcli.config.scoring import SelectConfig
 from spcli.engines.hf import base_pass
 from spcli.engines.hf.shared_pass import SharedGroup, generate_shared
 from spcli.evaluate.compare import needle_spans
-from spcli.evaluate.metrics import contains, whole_facts
+from spcli.evaluate.metrics import bootstrap, contains, whole_facts
 from spcli.io.records import Record
 from spcli.models.load import load_stack
 from spcli.models.lookup import default_speculator, locate
@@ -193,25 +193,38 @@ def mean(xs) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def paired(rows: list[dict], full: dict) -> str:
+    """The mean paired difference of `acc` against full prefill's on the same questions, with its 95% bootstrap
+    interval (spcli.evaluate.metrics.bootstrap); '-' without answers."""
+    diffs = [r["acc"] - full[r["doc"], r["id"]] for r in rows if r["acc"] is not None and (r["doc"], r["id"]) in full]
+    if not diffs:
+        return "-"
+    b = bootstrap(diffs)
+    return f"{b.mean:+.2f} [{b.lo:+.2f},{b.hi:+.2f}]"
+
+
 def table(q_rows: list[dict], g_rows: list[dict], ratio: float | None) -> str:
-    """Per Q, keep and rule: answers and facts kept (means over questions), base and speculator tokens per group
-    (means), the base tokens over full prefill's with the document prefilled once (`vs full`), and with the
-    speculator's tokens at `ratio` of a base token (`cost`: FLOPs per token, spcli.plan.flops; None: unknown)."""
+    """Per Q, keep and rule: answers, their paired difference from full prefill's (`acc-full`) and facts kept (means
+    over questions), base and speculator tokens per group (means), the base tokens over full prefill's with the
+    document prefilled once (`vs full`), and with the speculator's tokens at `ratio` of a base token (`cost`: FLOPs
+    per token, spcli.plan.flops; None: unknown)."""
     qs, gs = defaultdict(list), defaultdict(list)
     for r in q_rows:
         qs[r["Q"], r["keep"], r["rule"]].append(r)
     for r in g_rows:
         gs[r["Q"], r["keep"], r["rule"]].append(r)
-    lines = [f"{'Q':>3} {'keep':>5} {'rule':<6} {'n':>4} {'acc':>6} {'fact':>6} {'base/grp':>9} {'vs full':>8} "
-             f"{'spec/grp':>9} {'spec alone':>10} {'cost':>6}"]
+    full_acc = {(r["doc"], r["id"]): r["acc"] for r in q_rows if r["rule"] == "full" and r["acc"] is not None}
+    lines = [f"{'Q':>3} {'keep':>5} {'rule':<6} {'n':>4} {'acc':>6} {'acc-full [95% CI]':>19} {'fact':>6} "
+             f"{'base/grp':>9} {'vs full':>8} {'spec/grp':>9} {'spec alone':>10} {'cost':>6}"]
     for key in sorted(qs, key=lambda k: (k[0], k[1], ("full", *RULES).index(k[2]))):
         q, keep, rule = key
         base, full = [r["base_tokens"] for r in gs[key]], [r["base_tokens"] for r in gs[q, 1.0, "full"]]
         spec = [r["spec_tokens"] for r in gs[key]]
         cost = "-" if ratio is None else f"{(sum(base) + ratio * sum(spec)) / sum(full):.3f}"
         lines.append(f"{q:>3} {keep:>5.2f} {rule:<6} {len(qs[key]):>4} {mean(r['acc'] for r in qs[key]):>6.3f} "
-                     f"{mean(r['fact'] for r in qs[key]):>6.3f} {mean(base):>9.0f} {sum(base) / sum(full):>8.3f} "
-                     f"{mean(spec):>9.0f} {mean(r['spec_tokens_alone'] for r in gs[key]):>10.0f} {cost:>6}")
+                     f"{paired(qs[key], full_acc):>19} {mean(r['fact'] for r in qs[key]):>6.3f} {mean(base):>9.0f} "
+                     f"{sum(base) / sum(full):>8.3f} {mean(spec):>9.0f} "
+                     f"{mean(r['spec_tokens_alone'] for r in gs[key]):>10.0f} {cost:>6}")
     return "\n".join(lines)
 
 
