@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from spcli.config.run import GROUP_MAX
 
@@ -40,13 +39,6 @@ def group_key(obj: dict, prompt_field: str, messages_field: str, group_field: st
         return "messages:" + text_key(messages[:-1])
     return None
 
-
-@dataclass(frozen=True)
-class GroupOf:
-    """Where a record sits in its group (the output row's `group` and `group_size`)."""
-
-    name: str  # "<shard id prefix>:<first row>": the group's first record's stable id
-    size: int  # its records, capped at --group-max
 
 
 def assign(records: list, group_max: int = GROUP_MAX) -> list[list[int]]:
@@ -73,15 +65,6 @@ class Whole:
     def __init__(self, records: Iterator, group_max: int = GROUP_MAX, is_on: bool = True):
         self.records, self.group_max, self.is_on = iter(records), group_max, is_on
         self.peeked = None
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        batch = self.take(1)
-        if not batch:
-            raise StopIteration
-        return batch[0]
 
     def _next(self):
         if self.peeked is not None:

@@ -200,9 +200,8 @@ def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: Scor
     todo = [i for i, r in enumerate(requests) if grouped.get(i, is_pruned(r.num_prompt_tokens, select, r.keep)
             and pays(pair, score, select, r.keep, r.num_prompt_tokens, num_protected(r), len(r.speculator_prompt)))]
     if not todo:
-        scoring = Scoring(list(requests), [], select, MadePass([]), groups=list(groups), pair=pair, score=score,
+        return Scoring(list(requests), [], select, MadePass([]), groups=list(groups), pair=pair, score=score,
                        reads_once=stack.speculate_remote is None)
-        return scoring
     prompts = [requests[i].speculator_prompt for i in todo]  # its own tokens (cross-tokenizer), the restated instruction
     with_unpooled = with_unpooled or any(requests[i].keep == AUTO for i in todo)
     remote = stack.speculate_remote

@@ -33,6 +33,7 @@ from spcli.models.device import synchronize
 from spcli.models.load import decoder_prefix
 from spcli.stages.batching import Padded, left_pad, prefix_batches
 from spcli.stages.speculate import Speculation, look_ahead, prefill, score_rows, speculate_batch
+from spcli.stages.share import shared_len
 
 SUFFIX_BATCH_TOKENS = 32768  # padded tokens per suffix forward, the prefix copies included (prepare's bound)
 
@@ -63,12 +64,9 @@ class PrefixPass:
 
 
 def shared_prefix_len(prompts: list[list[int]]) -> int:
-    """The longest common token prefix of the prompts, cut so each prompt keeps at least one own token."""
-    first, shortest = prompts[0], min(map(len, prompts))
-    p = 0
-    while p < shortest - 1 and all(q[p] == first[p] for q in prompts):
-        p += 1
-    return p
+    """The longest common token prefix of the prompts (share.shared_len), cut so each prompt keeps at least one own
+    token."""
+    return max(0, min(shared_len(prompts), min(map(len, prompts)) - 1))
 
 
 @torch.inference_mode()
