@@ -726,3 +726,42 @@ def test_the_driver_scores_while_vllm_starts(pruned_run, vllm_base, monkeypatch,
     assert rows.keys() == pruned_run.keys()
     for rid, row in rows.items():
         assert (row["kept_indices"], row["output"]) == (pruned_run[rid]["kept_indices"], pruned_run[rid]["output"]), rid
+
+
+def qa_rows(num_docs: int = 3, num_questions: int = 3) -> list[dict]:
+    """num_docs documents of ~900 tokens (the story's facts, numbered), each asked num_questions questions in a row."""
+    docs = [" ".join(f"({d}.{j}) {FACTS[(d + j) % len(FACTS)]}" for j in range(60)) for d in range(num_docs)]
+    return [{"id": f"d{d}q{q}", "prompt": doc, "question": QUESTIONS[(d + q) % len(QUESTIONS)]}
+            for d, doc in enumerate(docs) for q in range(num_questions)]
+
+
+@needs_vllm
+def test_each_group_reads_and_prefills_its_document_once_on_vllm(shared_engine, monkeypatch, tiny_dir, tmp_path):
+    """3 documents x 3 questions through `spcli run --engine vllm` (the driver placement, this CPU's default): the
+    speculator prefills each document once (speculate_shared's prefix pass), and vLLM computes each group's kept
+    document once: one member finds none of it cached, the others all of its full blocks (RequestOutput's
+    num_cached_tokens, under the group's cache salt); no group hits another's blocks."""
+    from spcli.engines.vllm.driver.base_pass import VllmRunner
+    from spcli.stages import speculate_shared
+
+    prefixes, seen = [], []
+    prefill_prefix, generation = speculate_shared.prefill_prefix, VllmRunner._generation
+    monkeypatch.setattr(speculate_shared, "prefill_prefix",
+                        lambda model, ids, *a, **k: prefixes.append(len(ids)) or prefill_prefix(model, ids, *a, **k))
+    monkeypatch.setattr(VllmRunner, "_generation", lambda self, output, req, *a: seen.append(
+        (req.group, req.shared_kept, output.num_cached_tokens)) or generation(self, output, req, *a))
+    jl = write_jsonl(tmp_path / "qa.jsonl", qa_rows())
+    code, output, exc = spcli_run(str(jl), "--out", str(tmp_path / "out"), "--engine", "vllm", "--speculator",
+                                  str(tiny_dir), "--instruction-field", "question", *COMMON, "--keep", "0.3",
+                                  "--max-prune-cost", "inf", "--speculator-placement", "driver", "--batch-size", "9")
+    assert code == 0, (output, exc)
+    rows = read_rows(tmp_path / "out")
+    assert len(prefixes) == 3 and len(seen) == 9  # one speculator pass per document
+    block = shared_engine.llm.llm_engine.vllm_config.cache_config.block_size
+    for d in range(3):
+        group = [(s, c) for g, s, c in seen if g == f"d{d}q0"]
+        assert len(group) == 3 and all(rows[f"d{d}q{q}"]["group_size"] == 3 for q in range(3))
+        shared_kept = group[0][0]
+        assert shared_kept >= 2 * block, (shared_kept, block)  # whole blocks to share
+        cached = sorted(c for _, c in group)
+        assert cached[0] == 0 and all(c >= shared_kept // block * block for c in cached[1:]), (cached, shared_kept)
