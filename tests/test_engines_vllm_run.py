@@ -737,10 +737,12 @@ def qa_rows(num_docs: int = 3, num_questions: int = 3) -> list[dict]:
 
 @needs_vllm
 def test_each_group_reads_and_prefills_its_document_once_on_vllm(shared_engine, monkeypatch, tiny_dir, tmp_path):
-    """3 documents x 3 questions through `spcli run --engine vllm` (the driver placement, this CPU's default): the
-    speculator prefills each document once (speculate_shared's prefix pass), and vLLM computes each group's kept
-    document once: one member finds none of it cached, the others all of its full blocks (RequestOutput's
-    num_cached_tokens, under the group's cache salt); no group hits another's blocks."""
+    """2 documents x 3 questions through `spcli run --engine vllm`, the speculator in this process (driver, this CPU's
+    default) and in vLLM's worker (workers, the GPU default): the driver's speculator prefills each document once
+    (speculate_shared's prefix pass; a worker's replica runs the same code, tests/test_engines_vllm_worker_replica.py),
+    and vLLM computes each group's kept document once: one member finds none of it cached, the others all of its full
+    blocks (RequestOutput's num_cached_tokens, under the group's cache salt); no group hits another's blocks. Both
+    placements keep the same tokens and write the same answers."""
     from spcli.engines.vllm.driver.base_pass import VllmRunner
     from spcli.stages import speculate_shared
 
@@ -750,18 +752,25 @@ def test_each_group_reads_and_prefills_its_document_once_on_vllm(shared_engine, 
                         lambda model, ids, *a, **k: prefixes.append(len(ids)) or prefill_prefix(model, ids, *a, **k))
     monkeypatch.setattr(VllmRunner, "_generation", lambda self, output, req, *a: seen.append(
         (req.group, req.shared_kept, output.num_cached_tokens)) or generation(self, output, req, *a))
-    jl = write_jsonl(tmp_path / "qa.jsonl", qa_rows())
-    code, output, exc = spcli_run(str(jl), "--out", str(tmp_path / "out"), "--engine", "vllm", "--speculator",
-                                  str(tiny_dir), "--instruction-field", "question", *COMMON, "--keep", "0.3",
-                                  "--max-prune-cost", "inf", "--speculator-placement", "driver", "--batch-size", "9")
-    assert code == 0, (output, exc)
-    rows = read_rows(tmp_path / "out")
-    assert len(prefixes) == 3 and len(seen) == 9  # one speculator pass per document
+    jl = write_jsonl(tmp_path / "qa.jsonl", qa_rows(2))
     block = shared_engine.llm.llm_engine.vllm_config.cache_config.block_size
-    for d in range(3):
-        group = [(s, c) for g, s, c in seen if g == f"d{d}q0"]
-        assert len(group) == 3 and all(rows[f"d{d}q{q}"]["group_size"] == 3 for q in range(3))
-        shared_kept = group[0][0]
-        assert shared_kept >= 2 * block, (shared_kept, block)  # whole blocks to share
-        cached = sorted(c for _, c in group)
-        assert cached[0] == 0 and all(c >= shared_kept // block * block for c in cached[1:]), (cached, shared_kept)
+    rows = {}
+    for placement in ("driver", "workers"):
+        seen.clear()
+        assert shared_engine.llm.reset_prefix_cache()  # the first run's blocks (the same salts) would serve the second
+        code, output, exc = spcli_run(str(jl), "--out", str(tmp_path / placement), "--engine", "vllm", "--speculator",
+                                      str(tiny_dir), "--instruction-field", "question", *COMMON, "--keep", "0.3",
+                                      "--max-prune-cost", "inf", "--speculator-placement", placement, "--batch-size", "6")
+        assert code == 0, (output, exc)
+        rows[placement] = read_rows(tmp_path / placement)
+        assert len(seen) == 6
+        for d in range(2):
+            group = [(s, c) for g, s, c in seen if g == f"d{d}q0"]
+            assert len(group) == 3 and all(rows[placement][f"d{d}q{q}"]["group_size"] == 3 for q in range(3))
+            shared_kept = group[0][0]
+            assert shared_kept >= 2 * block, (shared_kept, block)  # whole blocks to share
+            cached = sorted(c for _, c in group)
+            assert cached[0] == 0 and all(c >= shared_kept // block * block for c in cached[1:]), (cached, shared_kept)
+    assert len(prefixes) == 2  # the driver: one speculator pass per document
+    for rid, row in rows["driver"].items():
+        assert (row["kept_indices"], row["output"]) == (rows["workers"][rid]["kept_indices"], rows["workers"][rid]["output"])

@@ -16,7 +16,7 @@ import torch
 from spcli.config.scoring import ScoreConfig
 from spcli.models.load import load_causal_lm
 from spcli.stages.prepare import speculate_prompts
-from spcli.engines.vllm.worker.replica import Replica, balance, decode, encode, gather
+from spcli.engines.vllm.worker.replica import Replica, balance, balance_groups, decode, encode, gather
 from spcli.models.load import SpeculatorSource
 from spcli.stages.speculate import Speculation
 from spcli.errors import RecordError
@@ -41,6 +41,18 @@ def test_every_prompt_is_in_exactly_one_share_and_the_slowest_rank_is_near_the_m
         assert sorted(i for s in shares for i in s) == list(range(len(lengths)))
         loads = [sum(lengths[i] for i in s) for s in shares]
         assert max(loads) <= sum(lengths) / ranks + max(lengths)  # LPT: mean plus one prompt at most
+
+
+def test_a_document_s_questions_go_to_one_rank_weighed_by_what_its_speculator_reads():
+    doc = list(range(100, 400))  # 300 shared tokens
+    prompts = [doc + [1, 2], [7] * 250, doc + [3], doc + [4, 5, 6], [8] * 40]
+    shares, groups = balance_groups(prompts, [[0, 2, 3]], 2)
+    # the group weighs 300 + 2 + 1 + 3 = 306 (not 907): it takes rank 0, the 250-token prompt rank 1, then the 40
+    assert shares == [[0, 2, 3], [1, 4]] and groups == [[[0, 1, 2]], []]
+    shares, groups = balance_groups(prompts, [[2, 3]], 3)  # a group's indices are into its rank's share
+    assert sorted(i for s in shares for i in s) == list(range(5))
+    rank = next(r for r, s in enumerate(shares) if 2 in s)
+    assert [[shares[rank][i] for i in g] for g in groups[rank]] == [[2, 3]] and sum(map(len, groups)) == 1
 
 
 def test_what_crosses_the_rpc_comes_back_bit_exact():
@@ -82,6 +94,26 @@ def test_a_replica_scores_as_the_driver_does(tiny_dir, score):
     first = replica.model
     replica.speculate(source, prompts[:1], dataclasses.asdict(score), [2])
     assert replica.model is first  # loaded once per worker
+
+
+@pytest.mark.parametrize("score", [WINDOW, LOOKAHEAD], ids=["window-early-exit", "lookahead"])
+def test_a_replica_reads_a_group_s_document_once_and_scores_each_question_as_alone(tiny_dir, score, monkeypatch):
+    from spcli.stages import speculate_shared
+
+    doc = prompts_of([60])[0]
+    prompts = [doc + [11, 12, 13], prompts_of([23])[0], doc + [14, 15], doc + [16, 17, 18, 19]]
+    model = load_causal_lm(tiny_dir, "float32", torch.device("cpu")).model
+    ref = speculate_prompts(model, prompts, score, {2}, torch.device("cpu"))
+    passes = []
+    prefill = speculate_shared.prefill_prefix
+    monkeypatch.setattr(speculate_shared, "prefill_prefix", lambda m, ids, *a: passes.append(len(ids)) or prefill(m, ids, *a))
+    reply = Replica(torch.device("cpu")).speculate(SpeculatorSource(str(tiny_dir), "float32").to_dict(), prompts,
+                                                   dataclasses.asdict(score), [2], groups=[[0, 2, 3]])
+    assert passes == [60]  # the document once, for its three questions
+    for r, item in zip(ref, reply["results"], strict=True):
+        g = decode(item)
+        torch.testing.assert_close(g.importance, r.importance, rtol=1e-4, atol=1e-6)
+        assert (r.num_query_rows, r.lookahead_ids) == (g.num_query_rows, g.lookahead_ids)
 
 
 def test_a_self_replica_reads_only_the_first_layers(tiny_dir):

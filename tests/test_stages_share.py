@@ -107,6 +107,18 @@ def test_inspect_says_a_row_shared_its_document(tmp_path, tiny_dir, qa_file):
     assert "document kept with 2 other questions (group d1q0)" in res.output.splitlines()[0]
 
 
+def test_inspect_says_why_a_group_was_prefilled_whole(tmp_path, tiny_dir, qa_file):
+    rows = _run(tmp_path, tiny_dir, qa_file, "w", "--batch-size", "4", "--max-prune-cost", "0.01")
+    assert all(r["keep_rate"] == 1.0 and r["group_size"] == 3 for r in rows.values())  # nothing pays at 1%
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "w"), "--id", "d0q1", "--plain"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[1] == ("prefilled whole with its group's 3 questions: pruning the group would not "
+                                          "beat prefilling its document once (--max-prune-cost 0.01)")
+    _run(tmp_path, tiny_dir, qa_file, "p", "--batch-size", "4", "--max-prune-cost", "inf")
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "p"), "--id", "d0q1", "--plain"])
+    assert "prefilled whole" not in res.output  # pruned: no note
+
+
 def test_each_group_reads_and_prefills_its_document_once_on_hf(tmp_path, tiny_dir, qa_file, monkeypatch):
     """The speculator prefills each group's document once (speculate_shared's prefix pass) and the hf base prefills
     each group's kept document once (shared_pass), 3 documents x 3 questions; the rows equal those made without."""

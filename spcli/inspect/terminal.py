@@ -50,6 +50,8 @@ def header_line(view_row: dict, num_tokens: int | None = None) -> str:
 def plain_row(view: TokenView) -> str:
     body = "".join(PLAIN[run.state].format(run.text) for run in token_runs(view))
     lines = [header_line(view.row, view.num_tokens)]
+    if view.note:
+        lines.append(view.note)
     if view.warning:
         lines.append(f"warning: {view.warning}")
     return "\n".join(lines + [body])
@@ -97,6 +99,8 @@ def legend(view: TokenView, mono: bool, keep_first: int, keep_last: int) -> Text
 
 def row_renderable(view: TokenView, mono: bool, keep_first: int, keep_last: int) -> Group:
     parts = [Text(header_line(view.row, view.num_tokens), style="bold", no_wrap=True, overflow="ellipsis")]
+    if view.note:
+        parts.append(Text(view.note))
     if view.warning:
         parts.append(Text(f"warning: {view.warning}", style="yellow"))
     parts += [legend(view, mono, keep_first, keep_last), Text(), row_text(view, mono)]

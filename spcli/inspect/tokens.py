@@ -34,6 +34,7 @@ class TokenView:
     importance: np.ndarray | None  # [n] float32, when the run saved scores for this row
     chunk: int  # tokens per selection chunk
     warning: str | None = None  # e.g. the input changed since the run
+    note: str | None = None  # why a prompt selection would prune kept every token (why_whole)
 
     @property
     def num_tokens(self) -> int:
@@ -173,4 +174,31 @@ def load_view(run: RunOutputs, row: dict, tokenizer=None) -> TokenView:
     importance = row.get("importance")
     importance = np.asarray(importance, dtype=np.float32) if importance is not None and len(importance) == n else None
     return TokenView(row, token_pieces(tokenizer, ids), is_kept, is_forced, importance, int(select.get("chunk", 32)),
-                     "; ".join(warnings) or None)
+                     "; ".join(warnings) or None, why_whole(row, select, rec.keep))
+
+
+def why_whole(row: dict, select: dict, keep: float | str | None) -> str | None:
+    """Why a row kept every token although its keep would prune it, in words: it was shorter than --min-tokens, or
+    pruning it (its group, for a row that shares its document) would not have paid (spcli.stages.pays,
+    spcli.stages.share.group_pays). None for a pruned row, an error row and a row at keep 1.0."""
+    from spcli.config.scoring import SelectConfig
+    from spcli.stages.select import is_pruned
+
+    n = row.get("num_prompt_tokens") or 0
+    if row.get("error") is not None or not n or row.get("num_kept_tokens") != n:
+        return None
+    known = {f.name for f in dataclasses.fields(SelectConfig)}
+    cfg = SelectConfig(**{k: v for k, v in select.items() if k in known})
+    keep = cfg.keep if keep is None else keep
+    if keep != "auto" and float(keep) >= 1.0:
+        return None
+    if n < cfg.min_tokens:
+        return f"prefilled whole: shorter than --min-tokens {cfg.min_tokens}"
+    if not is_pruned(n, cfg, keep):
+        return f"prefilled whole: keep {keep} of its {n} tokens (with the first and last kept) is every token"
+    size = row.get("group_size") or 1
+    if size > 1:
+        return (f"prefilled whole with its group's {size} questions: pruning the group would not beat prefilling "
+                f"its document once (--max-prune-cost {cfg.max_prune_cost:g})")
+    return (f"prefilled whole: its speculator pass and kept tokens would cost at least --max-prune-cost "
+            f"{cfg.max_prune_cost:g} of its full prefill")

@@ -130,7 +130,6 @@ class Scoring:
     groups: list[Group] = field(default_factory=list)  # documents shared by several requests (spcli.stages.share)
     pair: tuple | None = None  # (base, speculator) shapes, for a group's second look at whether sharing pays
     score: ScoreConfig | None = None
-    reads_once: bool = False  # a group's speculator reads its document once (in this process: local_pass)
 
     def ready(self) -> bool:
         return self.speculation.ready()
@@ -167,7 +166,7 @@ class Scoring:
                 continue  # a member the speculator could not score: the others stand as selected alone
             if g.is_shared:
                 num_kept = unite(g, out)
-                if not group_pays(self.pair, self.score, self.select, g, out, num_kept, self.reads_once):
+                if not group_pays(self.pair, self.score, self.select, g, out, num_kept):
                     keep_whole(g, out)
             mark(g, out)
 
@@ -194,54 +193,55 @@ def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: Scor
     pair = shapes(stack.path, stack.speculator_name, stack.located[1] if stack.located else None)
     grouped = {}  # request index -> whether its group prunes (judged for the group as a whole)
     for g in groups:
-        if not group_pays(pair, score, select, g, requests, shared_speculator=stack.speculate_remote is None):
+        if not group_pays(pair, score, select, g, requests):
             keep_whole(g, requests)
         grouped.update(dict.fromkeys(g.members, g.is_shared))
     todo = [i for i, r in enumerate(requests) if grouped.get(i, is_pruned(r.num_prompt_tokens, select, r.keep)
             and pays(pair, score, select, r.keep, r.num_prompt_tokens, num_protected(r), len(r.speculator_prompt)))]
     if not todo:
-        return Scoring(list(requests), [], select, MadePass([]), groups=list(groups), pair=pair, score=score,
-                       reads_once=stack.speculate_remote is None)
+        return Scoring(list(requests), [], select, MadePass([]), groups=list(groups), pair=pair, score=score)
     prompts = [requests[i].speculator_prompt for i in todo]  # its own tokens (cross-tokenizer), the restated instruction
+    at = {i: k for k, i in enumerate(todo)}
+    shared = [[at[i] for i in g.members] for g in groups if g.is_shared]  # each read once, here or by a worker
     with_unpooled = with_unpooled or any(requests[i].keep == AUTO for i in todo)
     remote = stack.speculate_remote
     if remote is not None and overlap:
-        speculation = remote.submit(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled)
+        speculation = remote.submit(prompts, score, chunk, on_stage, should_stop, with_unpooled, shared)
     elif remote is not None:
-        speculation = MadePass(remote(prompts, score, chunk, on_stage, should_stop, with_unpooled=with_unpooled))
+        speculation = MadePass(remote(prompts, score, chunk, on_stage, should_stop, with_unpooled, shared))
     else:
-        speculation = MadePass(local_pass(stack, requests, todo, [g for g in groups if g.is_shared], score, chunk,
-                                          on_stage, should_stop, with_unpooled))
-    return Scoring(list(requests), todo, select, speculation, groups=list(groups), pair=pair, score=score,
-                       reads_once=stack.speculate_remote is None)
+        speculation = MadePass(speculate_grouped(stack.speculator, prompts, shared, score, stack.speculator_eos_ids,
+                                                 stack.device, chunk, on_stage, should_stop, with_unpooled))
+    return Scoring(list(requests), todo, select, speculation, groups=list(groups), pair=pair, score=score)
 
 
-def local_pass(stack: ModelStack, requests: list[PrunedRequest], todo: list[int], groups: list[Group], score: ScoreConfig,
-               chunk: int, on_stage, should_stop, with_unpooled: bool) -> list[Speculation | RecordError]:
-    """The speculator pass in this process, per request of `todo`: a shared group's document prefilled once and each
-    question scored over it (speculate_shared: the importance of each as alone), the others by speculate_prompts.
-    (vLLM's worker replicas score each question alone: the group's base prefill is shared there, not its scoring.)"""
-    at = {i: k for k, i in enumerate(todo)}
-    out: list[Speculation | RecordError | None] = [None] * len(todo)
-    grouped = {i for g in groups for i in g.members}
-    alone = [i for i in todo if i not in grouped]
-    run = lambda idx: speculate_prompts(stack.speculator, [requests[i].speculator_prompt for i in idx], score,  # noqa: E731
-                                        stack.speculator_eos_ids, stack.device, chunk, on_stage, should_stop,
-                                        with_unpooled=with_unpooled)
+def speculate_grouped(model, prompts: list[list[int]], groups: list[list[int]], score: ScoreConfig, eos_ids: set[int],
+                      device: torch.device, chunk: int = SPECULATOR_CHUNK, on_stage=lambda text: None,
+                      should_stop=lambda: False, with_unpooled: bool = False,
+                      release_cache: bool = True) -> list[Speculation | RecordError]:
+    """speculate_prompts, with each of `groups` (indices into prompts: the questions of one document) read once: its
+    common prefix prefilled once and each question scored over it (speculate_shared: the importance of each as
+    alone); a group that runs out of memory is scored a question at a time. Run here (the hf engine, vLLM's driver
+    placement) and by each vLLM worker replica on its share."""
+    out: list[Speculation | RecordError | None] = [None] * len(prompts)
+    grouped = {i for g in groups for i in g}
+    alone = [i for i in range(len(prompts)) if i not in grouped]
+    run = lambda idx: speculate_prompts(model, [prompts[i] for i in idx], score, eos_ids, device, chunk,  # noqa: E731
+                                        on_stage, should_stop, with_unpooled=with_unpooled, release_cache=release_cache)
     for i, spec in zip(alone, run(alone) if alone else []):
-        out[at[i]] = spec
+        out[i] = spec
     for g in groups:
         if should_stop():
             raise StopAtSafePoint
-        on_stage(f"speculating a document once for its {len(g.members)} questions")
+        on_stage(f"speculating a document once for its {len(g)} questions")
         try:
-            specs = speculate_shared(stack.speculator, [requests[i].speculator_prompt for i in g.members], score,
-                                     stack.speculator_eos_ids, stack.device, chunk, with_unpooled).speculations
+            specs = speculate_shared(model, [prompts[i] for i in g], score, eos_ids, device, chunk,
+                                     with_unpooled).speculations
         except torch.OutOfMemoryError:
-            free_memory()
-            specs = run(g.members)  # each question alone (a RecordError for one that still does not fit)
-        for i, spec in zip(g.members, specs):
-            out[at[i]] = spec
+            free_memory(release_cache)
+            specs = run(g)  # each question alone (a RecordError for one that still does not fit)
+        for i, spec in zip(g, specs):
+            out[i] = spec
     return out  # type: ignore[return-value]
 
 

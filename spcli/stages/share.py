@@ -74,7 +74,7 @@ def group_cost(pair, score: ScoreConfig, num_shared: int, own: list[int], num_ke
 
 
 def group_pays(pair, score: ScoreConfig, select: SelectConfig, group: Group, requests: list[PrunedRequest],
-               num_kept_shared: int | None = None, shared_speculator: bool = False) -> bool:
+               num_kept_shared: int | None = None, shared_speculator: bool = True) -> bool:
     """Whether pruning the group beats its full prefill with the document prefilled once; before scoring
     (num_kept_shared None) with the union at its smallest, one question's target."""
     reqs = [requests[i] for i in group.members]

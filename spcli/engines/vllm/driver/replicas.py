@@ -27,36 +27,38 @@ class WorkerSpeculator:
         self.pace = SecondsPerToken()  # when a submitted window is due (ready_poll.py)
 
     def __call__(self, prompts: list[list[int]], score, chunk: int, on_stage=lambda text: None,
-                 should_stop=lambda: False, with_unpooled: bool = False):
+                 should_stop=lambda: False, with_unpooled: bool = False, groups: list[list[int]] = ()):
+        """Speculations of `prompts`, in order; each of `groups` (indices into prompts: one document's questions) goes
+        whole to one rank, which reads its document once (prepare.speculate_grouped)."""
         from spcli.engines.vllm.worker.replica import gather
 
-        shares = self._shares(prompts, on_stage, should_stop)
+        shares, share_groups = self._shares(prompts, groups, on_stage, should_stop)
         t0 = time.perf_counter()
-        replies = self._rpc("spcli_speculate", self._args(prompts, shares, score, chunk, with_unpooled))
+        replies = self._rpc("spcli_speculate", self._args(prompts, shares, share_groups, score, chunk, with_unpooled))
         return gather(shares, self._answered(replies, shares), len(prompts), time.perf_counter() - t0)
 
     def submit(self, prompts: list[list[int]], score, chunk: int, on_stage=lambda text: None,
-               should_stop=lambda: False, with_unpooled: bool = False) -> WorkerScoring:
+               should_stop=lambda: False, with_unpooled: bool = False, groups: list[list[int]] = ()) -> WorkerScoring:
         """The same scoring queued on every worker's speculator thread; returns at once."""
-        shares = self._shares(prompts, on_stage, should_stop)
+        shares, share_groups = self._shares(prompts, groups, on_stage, should_stop)
         job_id = f"spcli-window-{self.num_submitted}"
         self.num_submitted += 1
-        self._rpc("spcli_submit", (job_id, *self._args(prompts, shares, score, chunk, with_unpooled)))
+        self._rpc("spcli_submit", (job_id, *self._args(prompts, shares, share_groups, score, chunk, with_unpooled)))
         most = max((sum(len(prompts[i]) for i in share) for share in shares), default=0)
         return WorkerScoring(self, job_id, shares, len(prompts), most)
 
-    def _shares(self, prompts, on_stage, should_stop) -> list[list[int]]:
-        from spcli.engines.vllm.worker.replica import balance
+    def _shares(self, prompts, groups, on_stage, should_stop) -> tuple[list[list[int]], list[list[list[int]]]]:
+        from spcli.engines.vllm.worker.replica import balance_groups
 
         if should_stop():
             raise StopAtSafePoint
         on_stage(f"speculating {len(prompts)} prompts on {self.num_ranks} vLLM worker"
                  f"{'' if self.num_ranks == 1 else 's'}")
-        return balance(list(map(len, prompts)), self.num_ranks)
+        return balance_groups(prompts, groups, self.num_ranks)
 
-    def _args(self, prompts, shares, score, chunk, with_unpooled) -> tuple:
+    def _args(self, prompts, shares, share_groups, score, chunk, with_unpooled) -> tuple:
         return (self.source, [[prompts[i] for i in share] for share in shares], dataclasses.asdict(score),
-                self.eos_ids, chunk, with_unpooled)
+                self.eos_ids, chunk, with_unpooled, share_groups)
 
     def _answered(self, replies: list[dict], shares: list[list[int]]) -> list[dict]:
         replies = sorted(replies, key=lambda r: r["rank"])

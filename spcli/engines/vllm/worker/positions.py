@@ -165,16 +165,18 @@ class SpcliWorker(_BaseWorker):
     device (replica.py) that `LLM.collective_rpc("spcli_speculate", ...)` reaches."""
 
     def spcli_speculate(self, source: dict, shares: list[list[list[int]]], score: dict, eos_ids: list[int],
-                        chunk: int, with_unpooled: bool = False) -> dict:
-        """Score this rank's share (`shares[rank]`: token ids per prompt); {"rank", "wall_s", "results"}."""
+                        chunk: int, with_unpooled: bool = False, groups: list[list[list[int]]] | None = None) -> dict:
+        """Score this rank's share (`shares[rank]`: token ids per prompt; `groups[rank]`: its documents' questions, as
+        indices into it); {"rank", "wall_s", "results"}."""
         from spcli.engines.vllm.worker.replica import Replica
 
         replica = self.__dict__.setdefault("_spcli_replica", Replica(self.device))
         return {"rank": self.rank, **replica.speculate(source, shares[self.rank], score, eos_ids, chunk,
-                                                          with_unpooled)}
+                                                          with_unpooled, groups[self.rank] if groups else [])}
 
     def spcli_submit(self, job_id: str, source: dict, shares: list[list[list[int]]], score: dict,
-                     eos_ids: list[int], chunk: int, with_unpooled: bool = False) -> None:
+                     eos_ids: list[int], chunk: int, with_unpooled: bool = False,
+                     groups: list[list[list[int]]] | None = None) -> None:
         """Queue this rank's share for scoring on the replica's own thread (and CUDA stream); returns at once,
         so vLLM's steps go on meanwhile (replica_queue.py). `spcli_collect(job_id)` returns what
         `spcli_speculate` would have."""
@@ -185,7 +187,8 @@ class SpcliWorker(_BaseWorker):
         jobs = self.__dict__.get("_spcli_jobs")
         if jobs is None:
             jobs = self.__dict__["_spcli_jobs"] = SpeculatorQueue(self.device)
-        jobs.submit(job_id, replica.speculate, source, shares[self.rank], score, eos_ids, chunk, with_unpooled)
+        jobs.submit(job_id, replica.speculate, source, shares[self.rank], score, eos_ids, chunk, with_unpooled,
+                    groups[self.rank] if groups else [])
 
     def spcli_free_bytes(self) -> dict:
         """{"rank", "free"}: the device memory CUDA has free now (vLLM's KV cache and weights already taken; the

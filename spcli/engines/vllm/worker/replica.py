@@ -2,7 +2,8 @@
 
 `--speculator-placement workers` (the default on `--engine vllm`): every vLLM worker (one per GPU)
 loads the speculator once on its own device and scores its share of a batch's pruned prompts with
-the same `speculate_prompts` the hf engine runs (prepare.py); importance comes back to the driver,
+the same `speculate_grouped` the hf engine runs (prepare.py: a document's questions go to one rank, which reads the
+document once); importance comes back to the driver,
 where selection stays. Nothing here imports vLLM: the worker method (vllm_worker.py) and the driver
 (vllm_engine.py) call these functions, and their logic is tested on the CPU without vLLM.
 
@@ -24,6 +25,7 @@ from torch import nn
 from spcli.config.scoring import SPECULATOR_CHUNK, ScoreConfig
 from spcli.errors import RecordError
 from spcli.models.load import SpeculatorSource
+from spcli.stages.share import shared_len
 from spcli.stages.speculate import Speculation
 
 
@@ -39,6 +41,24 @@ def balance(lengths: list[int], num_ranks: int) -> list[list[int]]:
     return shares
 
 
+def balance_groups(prompts: list[list[int]], groups: list[list[int]],
+                   num_ranks: int) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """balance() with each group (indices into prompts: one document's questions) kept whole on one rank, weighed by
+    the tokens its speculator reads (the shared prefix once, then each question's own); (prompt indices per rank,
+    per rank the groups as indices into its share)."""
+    grouped = {i for g in groups for i in g}
+    items = [list(g) for g in groups] + [[i] for i in range(len(prompts)) if i not in grouped]
+    weights = [sum(len(prompts[i]) for i in item) - (len(item) - 1) * shared_len([prompts[i] for i in item])
+               for item in items]
+    shares, share_groups = [], []
+    for rank_items in balance(weights, num_ranks):
+        share = [i for k in rank_items for i in items[k]]
+        at = {i: j for j, i in enumerate(share)}
+        shares.append(share)
+        share_groups.append([[at[i] for i in items[k]] for k in rank_items if len(items[k]) > 1])
+    return shares, share_groups
+
+
 class Replica:
     """One worker's speculator, loaded on first use and kept until another source is asked for."""
 
@@ -48,17 +68,19 @@ class Replica:
         self.model: nn.Module | None = None
 
     def speculate(self, source: dict, prompts: list[list[int]], score: dict, eos_ids: list[int],
-                  chunk: int = SPECULATOR_CHUNK, with_unpooled: bool = False) -> dict:
-        """Score this rank's prompts; {"wall_s", "results": one encoded Speculation or error per prompt}."""
-        from spcli.stages.prepare import speculate_prompts
+                  chunk: int = SPECULATOR_CHUNK, with_unpooled: bool = False, groups: list[list[int]] = ()) -> dict:
+        """Score this rank's prompts, each of `groups` (indices into them) reading its document once; {"wall_s",
+        "results": one encoded Speculation or error per prompt}."""
+        from spcli.stages.prepare import speculate_grouped
 
         t0 = time.perf_counter()
         wanted = SpeculatorSource(**source)
         if wanted != self.source:
             self.model, self.source = None, None
             self.model, self.source = wanted.load(self.device), wanted
-        specs = (speculate_prompts(self.model, prompts, ScoreConfig(**score), set(eos_ids), self.device, chunk,
-                                   with_unpooled=with_unpooled, release_cache=False) if prompts else [])
+        specs = (speculate_grouped(self.model, prompts, [list(g) for g in groups], ScoreConfig(**score), set(eos_ids),
+                                   self.device, chunk, with_unpooled=with_unpooled, release_cache=False)
+                 if prompts else [])
         return {"wall_s": time.perf_counter() - t0, "results": [encode(s) for s in specs]}
 
 
