@@ -180,7 +180,7 @@ def load_view(run: RunOutputs, row: dict, tokenizer=None) -> TokenView:
 def why_whole(row: dict, select: dict, keep: float | str | None) -> str | None:
     """Why a row kept every token although its keep would prune it, in words: it was shorter than --min-tokens, or
     pruning it (its group, for a row that shares its document) would not have paid (spcli.stages.pays,
-    spcli.stages.share.group_pays). None for a pruned row, an error row and a row at keep 1.0."""
+    spcli.stages.share.group_pays). None for a pruned row, an error row, and a row whose keep is every token."""
     from spcli.config.scoring import SelectConfig
     from spcli.stages.select import is_pruned
 
@@ -195,7 +195,7 @@ def why_whole(row: dict, select: dict, keep: float | str | None) -> str | None:
     if n < cfg.min_tokens:
         return f"prefilled whole: shorter than --min-tokens {cfg.min_tokens}"
     if not is_pruned(n, cfg, keep):
-        return f"prefilled whole: keep {keep} of its {n} tokens (with the first and last kept) is every token"
+        return None  # its keep (with the first and last tokens) is every token: nothing was to be pruned
     size = row.get("group_size") or 1
     if size > 1:
         return (f"prefilled whole with its group's {size} questions: pruning the group would not beat prefilling "
