@@ -62,19 +62,18 @@ def find_groups(records: list, requests: list, group_max: int | None, select: Se
     return found
 
 
-def group_cost(pair, score: ScoreConfig, num_shared: int, own: list[int], num_kept_shared: int,
-               shared_speculator: bool) -> float:
-    """FLOPs of a shared group (speculator over the document once, or once per question; the base over the kept
-    shared part once and each question's own tokens) over full prefill of the document once plus the questions."""
+def group_cost(pair, score: ScoreConfig, num_shared: int, own: list[int], num_kept_shared: int) -> float:
+    """FLOPs of a shared group (the speculator over the document once and each question's own tokens: speculate_shared,
+    wherever it runs; the base over the kept shared part once and each question's own tokens) over full prefill of the
+    document once plus the questions."""
     base, spec = pair
     full = prefill_flops(base, num_shared + sum(own))
-    reads = [num_shared + sum(own)] if shared_speculator else [num_shared + s for s in own]
-    spent = sum(speculator_flops(spec, n, score) for n in reads) + prefill_flops(base, num_kept_shared + sum(own))
+    spent = speculator_flops(spec, num_shared + sum(own), score) + prefill_flops(base, num_kept_shared + sum(own))
     return spent / full
 
 
 def group_pays(pair, score: ScoreConfig, select: SelectConfig, group: Group, requests: list[PrunedRequest],
-               num_kept_shared: int | None = None, shared_speculator: bool = True) -> bool:
+               num_kept_shared: int | None = None) -> bool:
     """Whether pruning the group beats its full prefill with the document prefilled once; before scoring
     (num_kept_shared None) with the union at its smallest, one question's target."""
     reqs = [requests[i] for i in group.members]
@@ -86,7 +85,7 @@ def group_pays(pair, score: ScoreConfig, select: SelectConfig, group: Group, req
     if num_kept_shared is None:
         num_kept_shared = min(group.shared_len, target(group.shared_len, select, keep, num_forced(group.shared_len, select)))
     own = [r.num_prompt_tokens - group.shared_len for r in reqs]
-    return group_cost(pair, score, group.shared_len, own, num_kept_shared, shared_speculator) < select.max_prune_cost
+    return group_cost(pair, score, group.shared_len, own, num_kept_shared) < select.max_prune_cost
 
 
 def unite(group: Group, requests: list[PrunedRequest]) -> int:
