@@ -182,10 +182,10 @@ def why_whole(row: dict, select: dict, keep: float | str | None) -> str | None:
     pruning it (its group, for a row that shares its document) would not have paid (spcli.stages.pays,
     spcli.stages.share.group_pays). None for a pruned row, an error row, and a row whose keep is every token."""
     from spcli.config.scoring import SelectConfig
-    from spcli.stages.select import is_pruned
+    from spcli.stages.select import is_kept_whole
 
-    n = row.get("num_prompt_tokens") or 0
-    if row.get("error") is not None or not n or row.get("num_kept_tokens") != n:
+    n, num_kept = row.get("num_prompt_tokens") or 0, row.get("num_kept_tokens")
+    if row.get("error") is not None or not n or num_kept != n:
         return None
     known = {f.name for f in dataclasses.fields(SelectConfig)}
     cfg = SelectConfig(**{k: v for k, v in select.items() if k in known})
@@ -194,7 +194,7 @@ def why_whole(row: dict, select: dict, keep: float | str | None) -> str | None:
         return None
     if n < cfg.min_tokens:
         return f"prefilled whole: shorter than --min-tokens {cfg.min_tokens}"
-    if not is_pruned(n, cfg, keep):
+    if not is_kept_whole(n, num_kept, cfg, keep):
         return None  # its keep (with the first and last tokens) is every token: nothing was to be pruned
     size = row.get("group_size") or 1
     if size > 1:

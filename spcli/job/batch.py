@@ -7,7 +7,6 @@ built here, not in the engines, which only return Generations or RecordErrors.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -67,14 +66,13 @@ def row_notes(records: list[Record], rows: list[RowResult], select) -> Counter:
     their budget (select.is_over_budget); `whole`, rows selection would prune but that were prefilled whole, since
     pruning them would not pay (spcli.stages.pays; their protected text with the target is every token also costs
     more than a full prefill)."""
-    from spcli.stages.select import is_over_budget, is_pruned
+    from spcli.stages.select import is_kept_whole, is_over_budget
 
     notes: Counter = Counter()
     for rec, r in zip(records, rows):
         if r.error is None and is_over_budget(r.num_prompt_tokens, select, rec.keep):
             notes["over_budget"] += 1
-        if (r.error is None and r.num_kept_tokens == r.num_prompt_tokens and is_pruned(r.num_prompt_tokens, select, rec.keep)
-                and not math.isinf(select.max_prune_cost)):
+        if r.error is None and is_kept_whole(r.num_prompt_tokens, r.num_kept_tokens, select, rec.keep):
             notes["whole"] += 1
     return notes
 

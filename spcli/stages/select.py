@@ -48,6 +48,13 @@ def is_pruned(n: int, cfg: SelectConfig, keep: float | str | None = None) -> boo
     return target(n, cfg, cfg.keep_min if keep == AUTO else keep, num_forced(n, cfg)) < n
 
 
+def is_kept_whole(n: int, num_kept: int, cfg: SelectConfig, keep: float | str | None = None) -> bool:
+    """Whether a prompt of n tokens that kept num_kept was prefilled whole although selection would prune it: pruning
+    it (or its document group) would not have paid (spcli.stages.pays, spcli.stages.share); never at
+    --max-prune-cost inf. The run's end counts these rows (job/batch.py), `spcli inspect --id` says why (inspect/tokens.py)."""
+    return num_kept == n and is_pruned(n, cfg, keep) and not math.isinf(cfg.max_prune_cost)
+
+
 def chunk_scores(importance: torch.Tensor, chunk: int) -> torch.Tensor:
     """[num_chunks] float32: each chunk's mean importance (the last chunk may be shorter)."""
     n = importance.shape[0]
