@@ -78,11 +78,11 @@ def test_settings_source_names_flags_profile_preset_or_fallback(cache, tiny_dir)
 
 
 def test_the_qwen_preset_scores_each_measured_speculator_with_its_calibrated_layer(cache):
-    """Issue 19's calibrations: the 0.5B (same tokenizer) at layer 7, smollm2-135m (another tokenizer) at layer 18,
+    """The calibrations: the 0.5B (same tokenizer) at layer 9 (issue 51's, with needle-facts), smollm2-135m (another tokenizer) at layer 18,
     each with early exit; another speculator gets the fallback."""
     defaults, source = profiles.score_defaults("qwen2.5-coder-1.5b", None, "qwen2.5-coder-0.5b")
     assert source == "preset qwen2.5-coder-1.5b"
-    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "7", "pool": 31, "rows": "mean", "chunk": 8}
+    assert defaults == {"window": 16, "lookahead": 0, "score_layers": "9", "pool": 1, "rows": "max", "chunk": 8}
     defaults, source = profiles.score_defaults("qwen2.5-coder-1.5b", None, "smollm2-135m")
     assert source == "preset qwen2.5-coder-1.5b"
     assert defaults == {"window": 16, "lookahead": 0, "score_layers": "18", "pool": 31, "rows": "max", "chunk": 8}
