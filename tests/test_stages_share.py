@@ -11,7 +11,8 @@ from spcli.io.groups import Whole, assign, own_rows
 from spcli.io.read import read_from, read_records
 from spcli.io.shards import Shard
 from spcli.stages.request import PrunedRequest
-from spcli.stages.share import Group, shared_len, unite
+from spcli.config.scoring import SelectConfig
+from spcli.stages.share import Group, shared_len, unite, unite_document
 from test_job_run import ARGS, read_outputs
 
 DOCS = [" ".join(f"fact{d}-{j} holds value {(d * 31 + j) % 97}." for j in range(40)) for d in range(3)]
@@ -32,6 +33,31 @@ def test_shared_len_and_unite():
     assert unite(group, reqs) == 5  # {0, 2, 3, 5, 7}
     assert [r.kept.tolist() for r in reqs] == [[0, 2, 3, 5, 7, 8, 9], [0, 2, 3, 5, 7, 8, 9, 10],
                                                [0, 2, 3, 5, 7, 8, 9, 10, 11]]  # each keeps all its own tokens
+
+
+def test_unite_document_selects_once_from_the_questions_scores_together():
+    """--group-rule document: one selection of the shared part (8 tokens, keep 0.5: 4, the first and last forced)
+    from the questions' importance together: their max for rows max, their mean for rows mean."""
+    select = SelectConfig(keep=0.5, chunk=1, keep_first=1, keep_last=1, min_tokens=1, min_free=0, unit="chunk")
+    peaks = [{2: 0.9}, {5: 0.6, 3: 0.45}, {3: 0.5, 6: 0.1}]  # per question: position -> importance
+
+    def requests():
+        out = []
+        for i, peak in enumerate(peaks):
+            importance = torch.zeros(8 + i + 1)
+            for k, v in peak.items():
+                importance[k] = v
+            r = PrunedRequest(f"r{i}", list(range(8 + i + 1)), torch.arange(8 + i + 1), 4, keep=0.5)
+            r.importance = importance
+            out.append(r)
+        return out
+
+    reqs = requests()
+    assert unite_document(Group([0, 1, 2], "r0", shared_len=8, rule="document"), reqs, select, "max") == 4
+    assert [r.kept.tolist() for r in reqs] == [[0, 2, 5, 7, 8], [0, 2, 5, 7, 8, 9], [0, 2, 5, 7, 8, 9, 10]]
+    reqs = requests()
+    unite_document(Group([0, 1, 2], "r0", shared_len=8, rule="document"), reqs, select, "mean")
+    assert reqs[0].kept.tolist() == [0, 2, 3, 7, 8]  # mean: 3 (0.95 / 3) over 5 (0.6 / 3)
 
 
 def test_groups_are_runs_of_one_key_cut_at_multiples_of_group_max(tmp_path, write_jsonl):
@@ -146,3 +172,22 @@ def test_each_group_reads_and_prefills_its_document_once_on_hf(tmp_path, tiny_di
     monkeypatch.undo()
     again = _run(tmp_path, tiny_dir, qa_file, "again", "--batch-size", "1", "--max-prune-cost", "inf")
     assert {k: r["output"] for k, r in rows.items()} == {k: r["output"] for k, r in again.items()}
+
+
+def test_group_rule_document_keeps_one_selection_and_names_itself_in_the_fingerprint(tmp_path, tiny_dir, qa_file):
+    """--group-rule document: every member keeps one set of the document, at one question's budget (so no more than
+    the union keeps); the rule is part of the run's configuration: a union directory is not continued with it."""
+    union = _run(tmp_path, tiny_dir, qa_file, "union", "--max-prune-cost", "inf")
+    doc = _run(tmp_path, tiny_dir, qa_file, "doc", "--max-prune-cost", "inf", "--group-rule", "document")
+    for d in range(3):
+        members = [doc[f"d{d}q{q}"] for q in range(3)]
+        t = min(_tail_start(m["kept_indices"], m["num_prompt_tokens"]) for m in members)
+        shared = [{k for k in m["kept_indices"] if k < t} for m in members]
+        assert shared[0] == shared[1] == shared[2] and shared[0]
+        united = {k for k in union[f"d{d}q0"]["kept_indices"] if k < t}
+        assert len(shared[0]) <= len(united)
+        assert all(m["group_size"] == 3 for m in members)
+    res = CliRunner().invoke(app, ["run", str(qa_file), "--out", str(tmp_path / "union"), "--model", str(tiny_dir),
+                                   "--instruction-field", "question", "--pass-through", "doc_id", *ARGS,
+                                   "--max-prune-cost", "inf", "--group-rule", "document"])
+    assert res.exit_code != 0 and "(group_rule: 'union' -> 'document')" in str(res.exception), res.exception

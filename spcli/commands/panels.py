@@ -25,7 +25,7 @@ PANELS: dict[str, str] = {
                      "speculator_chunk"), MODEL),
     **dict.fromkeys(("keep", "keep_scale", "keep_min", "keep_max", "chunk", "keep_first", "keep_last", "min_tokens",
                      "min_free", "max_prune_cost", "unit", "max_unit", "unit_score", "protect", "restate", "groups",
-                     "group_max"), SELECTION),
+                     "group_max", "group_rule"), SELECTION),
     **dict.fromkeys(("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty", "stop", "seed", "logprobs"), GENERATION),
     **dict.fromkeys(("engine", "device", "dtype", "batch_size", "tp", "max_model_len", "max_prompt_len", "gpu_memory_utilization",

@@ -24,7 +24,7 @@ from spcli.config.scoring import (
 
 GROUPS = ("auto", "off")  # --groups: auto = consecutive records of the same prompt text (or --group-field) share it
 GROUP_MAX = 16  # --group-max: a group's records, so its speculator pass and base prefill stay bounded
-GROUP_RULE = "union"  # what a group keeps of its document: the union of its questions' selections (docs/results.md)
+GROUP_RULES = ("union", "document")  # --group-rule: what a group keeps of its document (spcli.stages.share)
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: per device (spcli.models.dtype)
 ENGINES = ("hf", "vllm")
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -147,6 +147,7 @@ class RunConfig:
     ray_workers: int | None = None  # actors of a Ray run (None: as many as the cluster's GPUs or CPUs hold)
     groups: str = "auto"  # consecutive records of one document share its speculator pass and kept set (spcli.io.groups)
     group_max: int = GROUP_MAX  # records per group at most
+    group_rule: str = "union"  # union of the questions' selections, or one selection from all their scores together
     split_rows: int | None = None  # --ray: files of more rows run as ranges of this many (None: SPLIT_ROWS; 0: whole)
     select: SelectConfig = field(default_factory=SelectConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
@@ -174,6 +175,7 @@ class RunConfig:
         check(self.ray_workers is None or self.ray is not None, "--ray-workers needs --ray")
         check(self.groups in GROUPS, f"--groups must be one of {', '.join(GROUPS)}, got {self.groups!r}")
         check(self.group_max >= 1, f"--group-max must be >= 1, got {self.group_max}")
+        check(self.group_rule in GROUP_RULES, f"--group-rule must be one of {', '.join(GROUP_RULES)}, got {self.group_rule!r}")
         check(self.split_rows is None or self.split_rows >= 0, f"--split-rows must be >= 0, got {self.split_rows}")
         check(self.split_rows is None or self.ray is not None, "--split-rows needs --ray")
         check(self.engine != "vllm" or self.generate.temperature <= sampling.VLLM_MAX_TEMPERATURE,
@@ -221,11 +223,9 @@ class RunConfig:
         if d["fields"]["instruction_at"] == "before":  # where instructions went before --instruction-at: those resume
             del d["fields"]["instruction_at"]
         if self.groups == "off":  # each record alone, as before groups: those directories resume
-            for k in ("groups", "group_max"):
+            for k in ("groups", "group_max", "group_rule"):
                 d.pop(k)
             d["fields"].pop("group")
-        else:
-            d["group_rule"] = GROUP_RULE
         d.pop("vllm")  # parallelism, memory and placement: same outputs
         if not d["pass_through"]:  # absent without it, as before: those directories resume
             d.pop("pass_through")

@@ -85,7 +85,9 @@ def fingerprint(fields: dict) -> str:
 
 
 def describe_difference(old: dict | list, new: dict | list, prefix: str = "") -> list[str]:
-    """`key: old -> new` for every leaf that differs, dotted paths into nested config."""
+    """`key: old -> new` for every leaf that differs, dotted paths into nested config (a tuple is the list that the
+    manifest's JSON holds of it: both name the same fingerprint)."""
+    old, new = orjson.loads(orjson.dumps(old)), orjson.loads(orjson.dumps(new))
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         old, new = dict(enumerate(old)), dict(enumerate(new))
     diffs = []

@@ -25,7 +25,7 @@ from spcli.stages.pays import pays, shapes
 from spcli.stages.request import PrunedRequest
 from spcli.stages.restate import prompt_part, restated_for
 from spcli.stages.select import is_pruned, select_tokens
-from spcli.stages.share import Group, find_groups, group_pays, keep_whole, mark, unite
+from spcli.stages.share import Group, find_groups, group_pays, keep_whole, mark, unite, unite_document
 from spcli.stages.speculate import Speculation, speculate_batch
 from spcli.stages.speculate_shared import speculate_shared
 from spcli.stages.tokenize import cross_tokenize, tokenize, tokenize_units
@@ -87,8 +87,8 @@ def start_prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_s
             out.append(e)
     ready = [i for i, r in enumerate(out) if isinstance(r, PrunedRequest)]
     position = {i: k for k, i in enumerate(ready)}
-    groups = [Group([position[i] for i in g.members], g.name, g.shared_len)
-              for g in find_groups(records, out, cfg.grouped, cfg.select)]
+    groups = [Group([position[i] for i in g.members], g.name, g.shared_len, rule=g.rule)
+              for g in find_groups(records, out, cfg.grouped, cfg.select, cfg.group_rule)]
     scoring = start_prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop,
                           cfg.speculator_chunk, with_unpooled, overlap, groups)
     return dataclasses.replace(scoring, prepared=(out, ready))
@@ -159,13 +159,14 @@ class Scoring:
 
 
     def _share(self, out: list) -> None:
-        """Each shared group keeps the union of its questions' selections in its document (spcli.stages.share), or
-        every token where that union would not pay; every group's members carry its name and shared part."""
+        """Each shared group keeps the union of its questions' selections in its document (or with --group-rule
+        document one selection from their scores together; spcli.stages.share), or every token where that would not
+        pay; every group's members carry its name and shared part."""
         for g in self.groups:
             if any(isinstance(out[i], RecordError) for i in g.members):
                 continue  # a member the speculator could not score: the others stand as selected alone
             if g.is_shared:
-                num_kept = unite(g, out)
+                num_kept = unite(g, out) if g.rule == "union" else unite_document(g, out, self.select, self.score.rows)
                 if not group_pays(self.pair, self.score, self.select, g, out, num_kept):
                     keep_whole(g, out)
             mark(g, out)

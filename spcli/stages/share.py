@@ -4,7 +4,8 @@ A group (spcli.io.groups: consecutive records of one document) whose members are
 the longest token prefix of their prompts, `L` tokens (the document in its template; each record's own tokens
 after it are its question). Each question selects from its own importance, as a record alone does; the group
 keeps the union of their selections inside the shared part, `U`, and every question keeps all of its own tokens
-after it (DESIGN.md, "Several questions about one document"). So a question's answer depends on its own text and,
+after it (DESIGN.md, "Several questions about one document"). With --group-rule document, U is instead one
+selection of the shared part at the group's keep, from all the questions' scores together. So a question's answer depends on its own text and,
 through U, on the other questions of its group; never on batches, windows, workers or resume points. The base then
 prefills U once per group (vLLM: its prefix cache, keyed by U; hf: one KV cache copied per question).
 
@@ -26,7 +27,7 @@ from spcli.config.scoring import AUTO, ScoreConfig, SelectConfig
 from spcli.io.groups import assign
 from spcli.plan.flops import prefill_flops, speculator_flops
 from spcli.stages.request import PrunedRequest
-from spcli.stages.select import is_pruned, num_forced, target
+from spcli.stages.select import is_pruned, num_forced, select_tokens, target
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Group:
     name: str  # the group's first record's id
     shared_len: int  # L: tokens every member's prompt starts with
     is_shared: bool = True  # pruned together (False: every token kept, the document still prefilled once)
+    rule: str = "union"  # --group-rule: union (unite) or document (unite_document)
 
 
 def shared_len(prompts: list[list[int]]) -> int:
@@ -44,7 +46,8 @@ def shared_len(prompts: list[list[int]]) -> int:
     return len(os.path.commonprefix(prompts))
 
 
-def find_groups(records: list, requests: list, group_max: int | None, select: SelectConfig) -> list[Group]:
+def find_groups(records: list, requests: list, group_max: int | None, select: SelectConfig,
+                rule: str = "union") -> list[Group]:
     """The groups of a window whose members are all requests (no error row), of one keep, and not across
     tokenizers or restated (those stay alone), sharing a prefix of at least select.min_tokens."""
     if group_max is None:
@@ -58,7 +61,7 @@ def find_groups(records: list, requests: list, group_max: int | None, select: Se
             continue
         n = shared_len([r.token_ids for r in reqs])
         if n >= select.min_tokens:
-            found.append(Group(members, records[members[0]].id, n))
+            found.append(Group(members, records[members[0]].id, n, rule=rule))
     return found
 
 
@@ -97,6 +100,30 @@ def unite(group: Group, requests: list[PrunedRequest]) -> int:
     for r in reqs:
         r.kept = torch.cat([union, torch.arange(n, r.num_prompt_tokens)])
     return int(union.numel())
+
+
+def unite_document(group: Group, requests: list[PrunedRequest], select: SelectConfig, rows: str) -> int:
+    """--group-rule document: one selection of the shared part at the group's keep, from the questions' importance
+    over it taken together as their query rows would be (`rows` max: the largest, mean: the mean; exact at pool 1),
+    with the first member's units, protected and forced tokens there; every member keeps it, then all of its own
+    tokens. Returns its size."""
+    reqs = [requests[i] for i in group.members]
+    n = group.shared_len
+
+    def together(name: str) -> torch.Tensor | None:
+        parts = [getattr(r, name) for r in reqs]
+        if parts[0] is None:
+            return None
+        stacked = torch.stack([t[:n].float() for t in parts])  # [Q, n]
+        return stacked.amax(dim=0) if rows == "max" else stacked.mean(dim=0)
+
+    first = reqs[0]
+    cut = lambda t: None if t is None else t[:n]
+    kept = select_tokens(together("importance"), select, first.keep, cut(first.forced), together("unpooled"),
+                         cut(first.units), cut(first.protected))
+    for r in reqs:
+        r.kept = torch.cat([kept, torch.arange(n, r.num_prompt_tokens)])
+    return int(kept.numel())
 
 
 def keep_whole(group: Group, requests: list[PrunedRequest]) -> None:
