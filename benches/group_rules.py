@@ -1,7 +1,7 @@
 """Which kept set the questions of one document share (issue 51 item 3): answers and cost of each rule at Q = 1, 4, 10.
 
     .venv/bin/python benches/group_rules.py [--model qwen2.5-coder-1.5b] [--docs 6] [--questions 1,4,10] [--keep 0.1]
-        [--length 1200] [--engine hf] [--max-tokens 16] [--speculator S] [--spcli-flags F] [--reference QA_JOB_JSON]
+        [--length 1200] [--engine hf] [--max-tokens 16] [--speculator S] [--spcli-flags F] [--reference QA_JOB_JSON,...]
         [--out DIR]
 
 The documents and questions of benches/qa_job.py (D documents of ~L tokens, max(Q) facts each, Q of them asked in
@@ -78,11 +78,11 @@ def costs(rows: list[dict], lengths: dict[str, int], pair, score, rule: str) -> 
     return {"cost": spent / full, "base_tokens": base_tokens / plain_tokens}
 
 
-def reference_outputs(path: str | None, q: int, d: int) -> dict[str, str] | None:
-    """Plain vLLM's outputs at Q and D in a benches/qa_job.py qa_job.json, if it has them."""
-    if not path:
+def reference_outputs(paths: str | None, q: int, d: int) -> dict[str, str] | None:
+    """Plain vLLM's outputs at Q and D in benches/qa_job.py's qa_job.json files (comma-separated), if one has them."""
+    if not paths:
         return None
-    runs = json.loads(Path(path).read_text())["runs"]
+    runs = [r for path in paths.split(",") for r in json.loads(Path(path).read_text())["runs"]]
     found = [r["outputs"] for r in runs if r["q"] == q and r["docs"] == d and r["name"] == "plain vLLM"]
     return found[0] if found else None
 
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--spcli-flags", default="", help="more flags for every spcli run")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--rules", default=",".join(RULES), help="comma-separated, of " + ", ".join(RULES))
-    ap.add_argument("--reference", default=None, help="a benches/qa_job.py qa_job.json with plain vLLM at these Q and D")
+    ap.add_argument("--reference", default=None,
+                    help="benches/qa_job.py qa_job.json files (comma-separated) with plain vLLM at these Q and D")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="a folder for group_rules.json and group_rules.md")
     args = ap.parse_args(argv)
