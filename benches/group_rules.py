@@ -78,13 +78,22 @@ def costs(rows: list[dict], lengths: dict[str, int], pair, score, rule: str) -> 
     return {"cost": spent / full, "base_tokens": base_tokens / plain_tokens}
 
 
-def reference_outputs(paths: str | None, q: int, d: int) -> dict[str, str] | None:
-    """Plain vLLM's outputs at Q and D in benches/qa_job.py's qa_job.json files (comma-separated), if one has them."""
+def reference_outputs(paths: str | None, q: int, d: int, args) -> dict[str, str] | None:
+    """Plain vLLM's outputs at Q and D in benches/qa_job.py's qa_job.json files (comma-separated), from a run of the
+    same documents (as many facts each, the same length and seed), if one has them."""
     if not paths:
         return None
-    runs = [r for path in paths.split(",") for r in json.loads(Path(path).read_text())["runs"]]
-    found = [r["outputs"] for r in runs if r["q"] == q and r["docs"] == d and r["name"] == "plain vLLM"]
-    return found[0] if found else None
+    facts = max(int(x) for x in args.questions.split(","))
+    for path in paths.split(","):
+        saved = json.loads(Path(path).read_text())
+        made = saved["args"]
+        if (max(int(x) for x in made["questions"].split(",")), made["length"], made["seed"]) != (facts, args.length,
+                                                                                               args.seed):
+            continue  # other documents: the same ids name other facts
+        found = [r["outputs"] for r in saved["runs"] if r["q"] == q and r["docs"] == d and r["name"] == "plain vLLM"]
+        if found:
+            return found[0]
+    return None
 
 
 def table(results: list[dict]) -> str:
@@ -137,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     for q in questions:
         shard = work / f"q{q}-d{args.docs}.jsonl"
         answers = write_shard(docs, q, args.seed, shard)
-        reference = reference_outputs(args.reference, q, args.docs)
+        reference = reference_outputs(args.reference, q, args.docs, args)
         for rule in args.rules.split(","):
             out = work / f"q{q}-{rule}"
             flags = argparse.Namespace(**{**vars(args), "spcli_flags": f"{args.spcli_flags} {RULES[rule]}"})

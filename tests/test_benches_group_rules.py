@@ -64,3 +64,21 @@ def test_the_bench_runs_the_rules_and_saves_their_table(tmp_path, tiny_dir):
     assert by["own"]["grouped"] == 0 and by["document"]["grouped"] == 4
     assert 0 < by["document"]["base_tokens"] < 1 and 0 < by["own"]["kept"] < 1
     assert "| 2 | document |" in (out / "group_rules.md").read_text()
+
+
+def test_the_reference_is_plain_vllm_on_the_same_documents(tmp_path):
+    """A qa_job.json made with other documents (fewer facts each: the same ids ask other facts) is no reference."""
+    from argparse import Namespace
+
+    def saved(name, questions, outputs):
+        path = tmp_path / name
+        path.write_text(json.dumps({"args": {"questions": questions, "length": 1200, "seed": 0}, "runs": [
+            {"q": 4, "docs": 6, "name": "plain vLLM", "outputs": outputs},
+            {"q": 4, "docs": 6, "name": "spcli vllm", "outputs": {}}]}))
+        return str(path)
+
+    other, same = saved("a.json", "4", {"doc0-q0": "x"}), saved("b.json", "1,4,10", {"doc0-q0": "y"})
+    args = Namespace(questions="4,10", length=1200, seed=0)
+    assert group_rules.reference_outputs(f"{other},{same}", 4, 6, args) == {"doc0-q0": "y"}
+    assert group_rules.reference_outputs(other, 4, 6, args) is None
+    assert group_rules.reference_outputs(same, 4, 2, args) is None and group_rules.reference_outputs(None, 4, 6, args) is None
