@@ -774,3 +774,50 @@ def test_each_group_reads_and_prefills_its_document_once_on_vllm(shared_engine, 
     assert len(prefixes) == 2  # the driver: one speculator pass per document
     for rid, row in rows["driver"].items():
         assert (row["kept_indices"], row["output"]) == (rows["workers"][rid]["kept_indices"], rows["workers"][rid]["output"])
+
+
+def _natural_head(kept: list[int]) -> int:
+    """How many kept positions lead the prompt unbroken from 0 (run where a plain prompt runs them)."""
+    head = 0
+    while head < len(kept) and kept[head] == head:
+        head += 1
+    return head
+
+
+@needs_vllm
+def test_pruned_rows_share_a_protected_system_prompt_through_vllms_prefix_cache(shared_engine, monkeypatch, tiny_dir,
+                                                                                 tmp_path):
+    """Three records of other documents, one long system prompt (kept whole: --protect system, the default), each
+    pruned alone: the plugin's position-aware block hashes let the second and third find the system prompt's full
+    blocks in vLLM's prefix cache (RequestOutput.num_cached_tokens); with a salt per kept set (what runs where the
+    plugin is not loaded) none does."""
+    from spcli.engines.vllm.driver.base_pass import VllmRunner
+
+    system = "You answer questions about island life. " + " ".join(FACTS * 6)
+    rows = [{"id": f"s{d}", "messages": [{"role": "system", "content": system}, {"role": "user", "content": " ".join(
+        FACTS[(d + j) % len(FACTS)] for j in range(25)) + f"\n\nAnswer in one sentence: {QUESTIONS[d]}"}]}
+        for d in range(3)]
+    jl = write_jsonl(tmp_path / "sys.jsonl", rows)
+    seen, generation = [], VllmRunner._generation
+    monkeypatch.setattr(VllmRunner, "_generation", lambda self, output, req, *a: seen.append(
+        (req.record_id, output.num_cached_tokens)) or generation(self, output, req, *a))
+    block = shared_engine.llm.llm_engine.vllm_config.cache_config.block_size
+    assert shared_engine.positions_hashed  # the plugin's entry point is installed with spcli
+    cached = {}
+    for hashed in (True, False):
+        seen.clear()
+        assert shared_engine.llm.reset_prefix_cache()
+        monkeypatch.setattr(shared_engine, "positions_hashed", hashed)
+        code, output, exc = spcli_run(str(jl), "--out", str(tmp_path / f"h{hashed}"), "--engine", "vllm",
+                                      "--speculator", str(tiny_dir), *COMMON, "--keep", "0.3", "--max-prune-cost", "inf",
+                                      "--lookahead", "0", "--batch-size", "1")
+        assert code == 0, (output, exc)
+        out = read_rows(tmp_path / f"h{hashed}")
+        heads = {rid: _natural_head(r["kept_indices"]) for rid, r in out.items()}
+        assert all(r["num_kept_tokens"] < r["num_prompt_tokens"] for r in out.values())  # every row pruned
+        assert min(heads.values()) >= 2 * block, (heads, block)  # the system prompt spans whole blocks
+        cached[hashed] = sorted(c for _, c in seen)
+        shared = min(heads.values()) // block * block
+        if hashed:
+            assert cached[hashed][0] == 0 and all(c >= shared for c in cached[hashed][1:]), (cached, shared)
+    assert cached[False] == [0, 0, 0], cached

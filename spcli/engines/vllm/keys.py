@@ -12,6 +12,7 @@ WORKER_CLS = "spcli.engines.vllm.worker.positions.SpcliWorker"
 KEPT_KEY = "spcli_kept"  # extra_args: list[int], ascending original indices of kept tokens
 LENGTH_KEY = "spcli_n"  # extra_args: int, original prompt length n
 REMAP_KEY = "spcli_remap"  # extra_args: bool, default True; False only to prove tests have teeth
+HASH_POSITIONS_KEY = "spcli_hash_positions"  # extra_args: bool, default True (plugin.py); False only in tests, likewise
 
 
 def check_vllm_version(version: str) -> None:

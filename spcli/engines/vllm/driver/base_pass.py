@@ -10,10 +10,14 @@ kept tokens. Typical use:
 
 Requests that keep every token are sent plain (no kept indices, no salt), so prefix caching
 serves them as it serves plain vLLM. vLLM hashes blocks by token ids only, so the same ids kept at
-other positions would reuse KV computed at the wrong positions: every pruned request carries a
-`cache_salt`, derived from (n, K), or for a member of a document group (spcli.stages.share) from the
-group's kept document (L, K[:shared_kept]), the same for every member, so the group's questions share
-those blocks and nothing else does. spcli's engine turns prefix caching on (args.py).
+other positions would reuse KV computed at the wrong positions. spcli's vLLM plugin (plugin.py, loaded by
+vLLM's processes through its entry point) adds to each block's hash the positions its tokens run at where
+they are not the natural ones: a pruned request then needs no salt, its unpruned head (a template, a
+protected system prompt) is shared with every request that has it, and a document group's members
+(spcli.stages.share) share their kept document. Where the plugin is not loaded (VLLM_PLUGINS leaves it out),
+every pruned request carries a `cache_salt`, derived from (n, K), or for a group member from the group's kept
+document (L, K[:shared_kept]): the group's questions share those blocks and nothing else does. spcli's engine
+turns prefix caching on (args.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 
 from spcli.config.sampling import VLLM_MAX_TEMPERATURE
 from spcli.engines.stop_strings import stop_at
+from spcli.engines.vllm import plugin
 from spcli.engines.vllm.keys import KEPT_KEY, LENGTH_KEY, WORKER_CLS, check_vllm_version
 from spcli.errors import ConfigError, RecordError
 from spcli.stages.request import Generation, PrunedRequest, TokenLogprob
@@ -90,6 +95,7 @@ class VllmRunner:
         self.config = config
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
+        self.positions_hashed = plugin.is_active()  # block hashes name positions: no salt needed (plugin.py)
         kwargs = {
             "max_model_len": config.max_model_len,
             "max_num_batched_tokens": config.max_num_batched_tokens,
@@ -151,10 +157,12 @@ class VllmRunner:
         extra = None
         if req.is_pruned:
             positions = req.kept.tolist()
-            # a group's members share the blocks of its kept document (kept[:shared_kept], the same for each:
-            # spcli.stages.share); any other pruned request only those of its own (n, K)
-            shared = req.group is not None and req.shared_kept > 0
-            prompt["cache_salt"] = shared_salt(req) if shared else cache_salt(np.asarray(positions), req.num_prompt_tokens)
+            if not self.positions_hashed:  # without the plugin: a group's members share the blocks of its kept
+                # document (kept[:shared_kept], the same for each: spcli.stages.share); any other pruned request
+                # only those of its own (n, K)
+                shared = req.group is not None and req.shared_kept > 0
+                prompt["cache_salt"] = (shared_salt(req) if shared
+                                        else cache_salt(np.asarray(positions), req.num_prompt_tokens))
             extra = {KEPT_KEY: positions, LENGTH_KEY: req.num_prompt_tokens}
         s = req.sampling
         params = SamplingParams(
