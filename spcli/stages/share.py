@@ -5,9 +5,10 @@ the longest token prefix of their prompts, `L` tokens (the document in its templ
 after it are its question). Each question selects from its own importance, as a record alone does; the group
 keeps the union of their selections inside the shared part, `U`, and every question keeps all of its own tokens
 after it (DESIGN.md, "Several questions about one document"). With --group-rule document, U is instead one
-selection of the shared part at the group's keep, from all the questions' scores together. So a question's answer depends on its own text and,
-through U, on the other questions of its group; never on batches, windows, workers or resume points. The base then
-prefills U once per group (vLLM: its prefix cache, keyed by U; hf: one KV cache copied per question).
+selection of the shared part at the group's keep, from all the questions' scores together. So a question's answer
+depends on its own text and, through U, on the other questions of its group; never on batches, windows, workers or
+resume points. The base then prefills U once per group (vLLM: its prefix cache, whose block hashes name U's
+positions; hf: one KV cache copied per question).
 
 Whether sharing pays is judged for the group as a whole, against full prefill with the document prefilled once
 (prefix caching): before the speculator runs, with the union at its smallest (one question's target), and again
@@ -142,6 +143,7 @@ def mark(group: Group, requests: list[PrunedRequest]) -> None:
 
 def shared_salt(req: PrunedRequest) -> str:
     """A prefix-cache salt naming the group's kept shared positions: every member of the group hits the same
-    cached blocks; no other kept set (or a whole prompt) does."""
+    cached blocks; no other kept set (or a whole prompt) does. Sent only where spcli's vLLM plugin, whose block hashes
+    name positions, is not loaded (spcli/engines/vllm/plugin.py)."""
     digest = hashlib.sha256(req.kept[: req.shared_kept].numpy().astype("int64").tobytes())
     return f"spcli-shared:{req.shared_len}:{digest.hexdigest()[:32]}"
