@@ -87,14 +87,17 @@ def fingerprint(fields: dict) -> str:
 def describe_difference(old: dict | list, new: dict | list, prefix: str = "") -> list[str]:
     """`key: old -> new` for every leaf that differs, dotted paths into nested config (a tuple is the list that the
     manifest's JSON holds of it: both name the same fingerprint)."""
-    old, new = orjson.loads(orjson.dumps(old)), orjson.loads(orjson.dumps(new))
+    return _differences(orjson.loads(orjson.dumps(old)), orjson.loads(orjson.dumps(new)), prefix)
+
+
+def _differences(old: dict | list, new: dict | list, prefix: str) -> list[str]:
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         old, new = dict(enumerate(old)), dict(enumerate(new))
     diffs = []
     for key in sorted(set(old) | set(new), key=str):
         a, b = old.get(key), new.get(key)
         if (isinstance(a, dict) and isinstance(b, dict)) or (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)):
-            diffs += describe_difference(a, b, f"{prefix}{key}.")
+            diffs += _differences(a, b, f"{prefix}{key}.")
         elif a != b:
             diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return diffs
