@@ -48,7 +48,8 @@ def balance_groups(prompts: list[list[int]], groups: list[list[int]],
     per rank the groups as indices into its share)."""
     grouped = {i for g in groups for i in g}
     items = [list(g) for g in groups] + [[i] for i in range(len(prompts)) if i not in grouped]
-    weights = [sum(len(prompts[i]) for i in item) - (len(item) - 1) * shared_len([prompts[i] for i in item])
+    weights = [len(prompts[item[0]]) if len(item) == 1  # a prompt alone: no prefix to share
+               else sum(len(prompts[i]) for i in item) - (len(item) - 1) * shared_len([prompts[i] for i in item])
                for item in items]
     shares, share_groups = [], []
     for rank_items in balance(weights, num_ranks):
