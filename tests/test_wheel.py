@@ -57,6 +57,7 @@ def test_wheel_is_the_free_name_with_the_extras(wheel):
     assert "Requires-Dist: ray[data]==2.60.0; extra == \"ray\"" in meta
     assert "spcli = spcli.cli:main" in entry_points
     assert "spcli/api.py" in names and not any(n.startswith("tests/") for n in names)
+    assert "spcli/evaluate/data/essay_qa.json" in names  # package data: essay-qa's questions
 
 
 def test_wheel_installs_into_a_fresh_venv_and_runs(wheel, tmp_path, tiny_dir):
