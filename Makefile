@@ -20,7 +20,7 @@ TEST_WORKERS ?= 2
 # Ray binds the machine's interface address otherwise, whatever it is asked for
 LOOPBACK := sh tests/loopback.sh
 
-.PHONY: demo test setup setup-test setup-vllm browser slurm-packages test-hf test-vllm test-extended docs clean models-qwen
+.PHONY: demo test setup setup-test setup-vllm system-packages test-hf test-vllm test-extended docs clean models-qwen
 
 $(VENV)/.base: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -54,30 +54,35 @@ demo: $(VENV)/.base
 	@echo "outputs: out/demo (part-*.parquet, manifest.json); look inside with: .venv/bin/spcli inspect out/demo"
 
 VLLM_TESTS := tests/test_engines_vllm_driver_engine.py tests/test_engines_vllm_run.py tests/test_engines_vllm_driver_args.py \
-	tests/test_engines_vllm_startup.py tests/test_engines_vllm_sampling.py \
+	tests/test_engines_vllm_startup.py tests/test_engines_vllm_sampling.py tests/test_engines_vllm_driver_imports.py \
+	tests/test_plan_refusals.py \
 	tests/test_vllm_ray.py
 
-# the two venvs and the browser install side by side; each suite starts as soon as its venv is ready, and the
-# two run side by side, each one's output printed whole when it ends: the hf suite's workers wait on Slurm and
-# subprocesses for part of their time, and the vLLM suite fills it
+# the two venvs and the system packages install side by side; each suite starts as soon as its venv is ready, and
+# the two run side by side, each one's output printed whole when it ends: the hf suite's workers wait on Slurm and
+# subprocesses for part of their time, and the vLLM suite fills it.
+# Each suite writes what ran and what skipped (tests/conftest.py, $SPCLI_TEST_REPORT); tests/skips.py then prints
+# one line counting the skips by reason, and fails `make test` on a skip this machine could have run (its ALLOWED)
+TEST_REPORTS := out/test-reports
 test:
-	$(MAKE) -j3 --output-sync=target test-hf test-vllm
+	rm -f $(TEST_REPORTS)/hf.json $(TEST_REPORTS)/vllm.json
+	status=0; $(MAKE) -j3 --output-sync=target test-hf test-vllm || status=$$?; \
+	$(PYTHON) tests/skips.py $(TEST_REPORTS)/hf.json $(TEST_REPORTS)/vllm.json || { [ $$status != 0 ] || status=1; }; exit $$status
 
-test-hf: $(VENV)/.test browser slurm-packages
-	$(LOOPBACK) $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not extended"
+test-hf: $(VENV)/.test system-packages
+	SPCLI_TEST_REPORT=$(TEST_REPORTS)/hf.json $(LOOPBACK) $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not extended"
 
 setup-vllm: $(VLLM_VENV)/.base
 
-browser:
-	sh tests/browser_setup.sh
+# the Debian packages the tests need (chromium, Slurm's, iproute2), installed one after another (apt-get fails
+# on a lock another one holds) before the tests enter their network namespace, where apt cannot reach the archive.
+# A failed install fails `make test` where it could install (root, apt-get); without root or apt-get the tests
+# that need them skip, saying why, and tests/skips.py allows those skips only on such a machine
+system-packages:
+	sh tests/system_packages.sh
 
-# Slurm's Debian packages, installed before the tests enter their network namespace (apt needs the network there
-# is not); without root or apt the Slurm tests skip and say why
-slurm-packages:
-	bash tests/slurm/cluster.sh install || true
-
-test-vllm: $(VLLM_VENV)/.base
-	$(LOOPBACK) $(VLLM_VENV)/bin/python -m pytest -q -m "not extended" $(VLLM_TESTS)
+test-vllm: $(VLLM_VENV)/.base system-packages
+	SPCLI_TEST_REPORT=$(TEST_REPORTS)/vllm.json $(LOOPBACK) $(VLLM_VENV)/bin/python -m pytest -q -m "not extended" $(VLLM_TESTS)
 
 # the tests `make test` leaves out for time (marked `extended`: minutes on a 2-core CPU beside the suite)
 test-extended: $(VENV)/.test $(VLLM_VENV)/.base

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -81,6 +82,41 @@ def pytest_configure(config):
         import torch  # two workers' OpenMP threads oversubscribe the cores and the suite runs slower
 
         torch.set_num_threads(1)
+
+
+# ------------------------------------------------------------------ what ran and what skipped (tests/skips.py)
+_REPORT: dict = {"ran": set(), "skipped": {}}
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_runtest_logreport(report):
+    """Every test's outcome reaches here (under xdist, in the controlling process too)."""
+    if report.skipped:
+        _REPORT["skipped"][report.nodeid] = _skip_reason(report)
+    elif report.when == "call":
+        _REPORT["ran"].add(report.nodeid)
+
+
+def pytest_collectreport(report):
+    if report.skipped:  # a module's pytest.importorskip: the whole file
+        _REPORT["skipped"][report.nodeid] = _skip_reason(report)
+
+
+def pytest_sessionfinish(session):
+    """$SPCLI_TEST_REPORT: the tests that ran and the ones skipped, with their reasons, as JSON for tests/skips.py
+    (the Makefile's test target: `make test` fails on a skip this machine could have run)."""
+    path = os.environ.get("SPCLI_TEST_REPORT")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    report = {"python": sys.executable, "ran": sorted(_REPORT["ran"]),
+              "skipped": [{"test": k, "reason": v} for k, v in sorted(_REPORT["skipped"].items())]}
+    Path(path).write_text(json.dumps(report, indent=1) + "\n")
 
 
 def pytest_collection_finish(session):

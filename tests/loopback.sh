@@ -42,8 +42,7 @@ elif ! command -v ip >/dev/null 2>&1; then
         why="no ip (iproute2) and no apt-get to install it"
     else
         echo "loopback.sh: installing iproute2 (for ip)" >&2
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null ||
-            why="no ip (iproute2), and apt-get could not install it"
+        sh "$(dirname "$0")/apt_install.sh" iproute2 || why="no ip (iproute2), and apt-get could not install it"
     fi
 fi
 if [ -z "$why" ] && ! err=$(unshare -n true 2>&1); then

@@ -6,6 +6,8 @@
 #   tests/slurm/cluster.sh down     cancel jobs, stop the daemons, delete the state directory
 #   tests/slurm/cluster.sh status   exit 0 when every daemon runs and the node is usable, else 3
 #   tests/slurm/cluster.sh env      print the `export SLURM_CONF=...` clients need
+#   tests/slurm/cluster.sh install  install the missing Debian packages only (tests/system_packages.sh)
+#   tests/slurm/cluster.sh packages print their names
 #
 # Both `up` and `down` are idempotent. Everything (config, state, logs, sockets, the munge key,
 # the database) lives under $SLURM_CI_DIR; clients find the config through $SLURM_CONF.
@@ -18,7 +20,8 @@
 #   SLURM_CI_WIPE        0 = `down` keeps the state directory (logs) (default 1)
 #
 # Exit codes: 0 ok; 2 usage; 3 `status`: not (fully) up; 100 the packages are missing and cannot
-# be installed (not root, no apt-get, apt failed): the tests skip on 100 and fail on anything else.
+# be installed (not root, no apt-get): the tests skip on 100 and fail on anything else (apt-get failing
+# where it could install is 1: a failure, not a skip).
 set -euo pipefail
 EXIT_NO_PACKAGES=100
 
@@ -79,19 +82,26 @@ stop() {
   for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
 }
 
-ensure_packages() {
+packages() {
   local packages="munge slurmctld slurmd slurm-client"
   [ "$ACCOUNTING" = 1 ] && packages="$packages slurmdbd mariadb-server"
+  echo "$packages"
+}
+
+# Exit 100 where they cannot be installed (not root, no apt-get); 1 where apt-get failed on a machine that could
+# install them (the tests fail then: inside tests/loopback.sh's namespace apt cannot reach the archive, so
+# `make test` installs them before, through tests/system_packages.sh).
+ensure_packages() {
+  local packages
+  packages=$(packages)
   # shellcheck disable=SC2086
   dpkg -s $packages >/dev/null 2>&1 && return 0
   [ "$(id -u)" = 0 ] || { log "need root to install: $packages"; exit "$EXIT_NO_PACKAGES"; }
   command -v apt-get >/dev/null || { log "no apt-get to install: $packages"; exit "$EXIT_NO_PACKAGES"; }
   log "installing $packages"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq || { log "apt-get update failed"; exit "$EXIT_NO_PACKAGES"; }
   # shellcheck disable=SC2086
-  apt-get install -y -qq --no-install-recommends $packages >/dev/null ||
-    { log "apt-get install failed: $packages"; exit "$EXIT_NO_PACKAGES"; }
+  sh "$(dirname "$0")/../apt_install.sh" --no-install-recommends $packages ||
+    { log "apt-get could not install: $packages (in tests/loopback.sh's network namespace it cannot: run \`bash tests/slurm/cluster.sh install\` first)"; exit 1; }
 }
 
 start_munge() {
@@ -290,6 +300,7 @@ status() {
 case ${1:-} in
   up | down | status) "$1" ;;
   install) ensure_packages ;;  # the Debian packages only (make test, outside the tests' network namespace)
+  packages) packages ;;  # their names (tests/system_packages.sh)
   env) echo "export SLURM_CONF=$SLURM_CONF" ;;
-  *) echo "usage: $0 up|down|status|env|install" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|install|packages" >&2; exit 2 ;;
 esac
