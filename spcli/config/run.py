@@ -22,7 +22,10 @@ from spcli.config.scoring import (
     check_speculator_chunk,
 )
 
-GROUPS = ("auto", "off")  # --groups: auto = consecutive records of the same prompt text (or --group-field) share it
+# --groups: shard = a shard's records of one document (the same prompt text, or --group-field) wherever they stand
+# (spcli.io.group_order); consecutive = only records one after another (spcli.io.groups); auto = shard, except on a
+# directory made with the consecutive rule (its fingerprint's groups "auto"), which resumes with it (job.manifest.groups_for)
+GROUPS = ("auto", "shard", "consecutive", "off")
 GROUP_MAX = 16  # --group-max: a group's records, so its speculator pass and base prefill stay bounded
 GROUP_RULES = ("union", "document")  # --group-rule: what a group keeps of its document (spcli.stages.share)
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: per device (spcli.models.dtype)
@@ -145,7 +148,7 @@ class RunConfig:
     pass_through: tuple[str, ...] = ()  # input columns copied into the output rows (a comma-separated string is split)
     ray: str | None = None  # None: this process; "": a local Ray cluster (started or joined); else its address
     ray_workers: int | None = None  # actors of a Ray run (None: as many as the cluster's GPUs or CPUs hold)
-    groups: str = "auto"  # consecutive records of one document share its speculator pass and kept set (spcli.io.groups)
+    groups: str = "auto"  # records of one document share its speculator pass and kept set: GROUPS
     group_max: int = GROUP_MAX  # records per group at most
     group_rule: str = "union"  # union of the questions' selections, or one selection from all their scores together
     split_rows: int | None = None  # --ray: files of more rows run as ranges of this many (None: SPLIT_ROWS; 0: whole)
@@ -188,6 +191,11 @@ class RunConfig:
         return None if self.groups == "off" else self.group_max
 
     @property
+    def order_free(self) -> bool:
+        """Whether a document's records are grouped wherever they stand in a shard (--groups shard, or auto)."""
+        return self.groups in ("auto", "shard")
+
+    @property
     def hf_batch(self) -> int:
         """Rows per batch of the batch loop (--engine hf, and --retry-failed's redo)."""
         return self.batch_size or HF_BATCH
@@ -226,6 +234,8 @@ class RunConfig:
             for k in ("groups", "group_max", "group_rule"):
                 d.pop(k)
             d["fields"].pop("group")
+        else:  # the consecutive rule is named "auto", as directories made before --groups shard name it: they resume
+            d["groups"] = "shard" if self.order_free else "auto"
         d.pop("vllm")  # parallelism, memory and placement: same outputs
         if not d["pass_through"]:  # absent without it, as before: those directories resume
             d.pop("pass_through")

@@ -1,4 +1,8 @@
-"""Document groups: consecutive records that share a document, fixed by the input alone.
+"""Document groups: records that share a document, fixed by the input alone.
+
+This module is the consecutive rule (`--groups consecutive`, and what `--groups auto` resumes a directory made
+before `--groups shard` with); the default finds a document's records wherever they stand in their shard
+(spcli.io.group_order), and marks each record's group on it (`group_id`), which `same_group` then follows.
 
 A record's group key is `--group-field`'s value where one is named; otherwise (`--groups auto`) a digest of its
 prompt-field text, or of its messages but the last, as read before its instruction is put beside it. Consecutive
@@ -54,6 +58,12 @@ def assign(records: list, group_max: int = GROUP_MAX) -> list[list[int]]:
     return groups
 
 
+def after(rec) -> int:
+    """The shard's next_row once `rec` is committed: the row after it, or with --groups shard its place in the shard's
+    processing order, plus one (spcli.io.group_order)."""
+    return rec.row + 1 if rec.order_pos is None else rec.order_pos + 1
+
+
 def window_start(row: int, group_max: int = GROUP_MAX) -> int:
     """The first row a reader must read for the group of `row`: a group never crosses a multiple of group_max."""
     return row - row % group_max
@@ -84,7 +94,10 @@ class Whole:
 
 def same_group(prev, rec, group_max: int = GROUP_MAX) -> bool:
     """Whether `rec` continues the group of the record read just before it: the same shard and key, both without
-    error, and no multiple of group_max between them (where every group is cut, whatever reads it)."""
+    error, and no multiple of group_max between them (where every group is cut, whatever reads it). With --groups
+    shard (spcli.io.group_order) the reader names each record's group: the same group_id, error rows included."""
+    if rec.group_id is not None:
+        return prev.group_id == rec.group_id and prev.shard == rec.shard
     return (rec.group_key is not None and prev.group_key == rec.group_key and prev.shard == rec.shard
             and prev.error is None and rec.error is None and rec.row == prev.row + 1 and rec.row % group_max != 0)
 

@@ -42,6 +42,7 @@ class ShardProgress:
     total_rows: int | None = None  # records in the shard, when known (Parquet metadata, JSONL count, or done)
     done: bool = False
     row_range: list[int] | None = None  # [start, stop): a range of the file's rows (spcli run --ray); absent: all
+    order: str | None = None  # "groups": next_row counts records of the shard's group order (spcli.io.group_order)
 
     @classmethod
     def start(cls, shard: Shard) -> ShardProgress:
@@ -59,7 +60,7 @@ class ShardProgress:
         return piece_key(self.path, self.row_range)
 
     def to_doc(self) -> dict:
-        return {k: v for k, v in vars(self).items() if k != "row_range" or v is not None}
+        return {k: v for k, v in vars(self).items() if k not in ("row_range", "order") or v is not None}
 
 
 def progress_key(doc: dict) -> str:

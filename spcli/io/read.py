@@ -176,24 +176,30 @@ def _read_jsonl(shard: Shard, fields: FieldConfig, start_row: int, kind: str, li
             for row, line, size, head in _lines(f, limit, first):
                 if row < start_row:
                     continue
-                if line is None:
-                    yield too_long_record(shard, row, size, limit, _id_in(head, fields))
-                    continue
-                if row == 0 and line.startswith(UTF8_BOM):
-                    line = line[len(UTF8_BOM):]
-                if not line.strip():
-                    continue  # blank lines are not records
-                line = line.rstrip(b"\r\n")
-                try:
-                    obj = orjson.loads(line)
-                except orjson.JSONDecodeError as e:
-                    yield _surrogate_record(line, shard, row, kind, fields) or bad_record(shard, row, _json_problem(line, e))
-                    continue
-                yield to_record(obj, shard, row, kind, fields)
+                rec = line_record(shard, row, line, size, head, kind, fields, limit)
+                if rec is not None:  # blank lines are not records
+                    yield rec
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise InputError(f"{shard.path}: compressed file is truncated or corrupt ({e})") from e
     except OSError as e:
         raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
+
+
+def line_record(shard: Shard, row: int, line: bytes | None, size: int, head: bytes, kind: str, fields: FieldConfig,
+                limit: int) -> Record | None:
+    """The record of one JSONL line (None for a blank line; `line` None: longer than `limit`, `head` its start)."""
+    if line is None:
+        return too_long_record(shard, row, size, limit, _id_in(head, fields))
+    if row == 0 and line.startswith(UTF8_BOM):
+        line = line[len(UTF8_BOM):]
+    if not line.strip():
+        return None
+    line = line.rstrip(b"\r\n")
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        return _surrogate_record(line, shard, row, kind, fields) or bad_record(shard, row, _json_problem(line, e))
+    return to_record(obj, shard, row, kind, fields)
 
 
 def _surrogate_record(line: bytes, shard: Shard, row: int, kind: str, fields: FieldConfig) -> Record | None:

@@ -46,6 +46,10 @@ class Record:
     group_key: str | None = None  # records one after another with equal keys share a document (spcli.io.groups)
     is_context: bool = False  # read again only for its group's shared part: its row is committed already, or is
     # another reader's (a resume point, a Ray range's edge or --retry-failed inside a group); no row is made of it
+    group_id: int | None = None  # --groups shard: its group's place in the shard's processing order (spcli.io.group_order)
+    order_pos: int | None = None  # --groups shard: its place in that order (what a commit counts: the shard's next_row)
+    sharing: str | None = None  # what its group did with it (spcli.stages.share.SHARING), for the run's end and inspect
+    leads: bool = False  # the first member of its group: counts the group once
 
 
 def where(shard_path: str, row: int, kind: str | None) -> str:

@@ -29,6 +29,7 @@ def banner_lines(run: ResolvedRun, shards: list[Shard], rows_total: int | None, 
         f"keep: {cfg.select.keep} ({select})",
         f"engine: {cfg.engine}, device {run.device}{placement(run)}, {batch_text(cfg)}",
         f"output: {out} ({cfg.output_format})",
+        f"groups: {group_rule_text(cfg)}, --group-rule {cfg.group_rule}" if cfg.grouped else "groups: off (each record alone)",
     ]
 
 
@@ -44,9 +45,17 @@ def placement(run: ResolvedRun) -> str:
     return ", speculator in this process (--speculator-placement driver)"
 
 
-def resume_line(rows_done: int, rows_total: int | None, shard: str, next_row: int) -> str:
+def group_rule_text(cfg: RunConfig) -> str:
+    """How --groups finds a group, for the banner and the run's end."""
+    key = f"--group-field {cfg.fields.group}" if cfg.fields.group else "the same prompt text (or messages but the last)"
+    where = "wherever they stand in a shard" if cfg.order_free else "one after another in a shard"
+    return f"by {key}, {where}, at most {cfg.group_max} a group"
+
+
+def resume_line(rows_done: int, rows_total: int | None, shard: str, next_row: int, in_order: bool = False) -> str:
     of = "" if rows_total is None else f" of {rows_total}"
-    return f"resuming: {rows_done}{of} rows done, shard {shard} at row {next_row}"
+    at = f"record {next_row} of its group order (--groups shard)" if in_order else f"row {next_row}"
+    return f"resuming: {rows_done}{of} rows done, shard {shard} at {at}"
 
 
 def batch_text(cfg: RunConfig) -> str:

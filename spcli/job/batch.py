@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from spcli.config.run import RunConfig
 from spcli.config.sampling import describe
+from spcli.job.banner import group_rule_text
 from spcli.errors import RecordError, StopAtSafePoint
 from spcli.io.groups import Whole
 from spcli.io.records import Record, where
@@ -70,11 +71,40 @@ def row_notes(records: list[Record], rows: list[RowResult], select) -> Counter:
 
     notes: Counter = Counter()
     for rec, r in zip(records, rows):
+        if rec.sharing is not None and (r.error is None or rec.sharing == "error"):
+            notes["rows " + rec.sharing] += 1
+            notes["groups " + rec.sharing] += rec.leads
+        elif r.error is None:
+            notes["rows alone: not grouped"] += 1
         if r.error is None and is_over_budget(r.num_prompt_tokens, select, rec.keep):
             notes["over_budget"] += 1
         if r.error is None and is_kept_whole(r.num_prompt_tokens, r.num_kept_tokens, select, rec.keep):
             notes["whole"] += 1
     return notes
+
+
+def sharing_line(notes: Counter, cfg: RunConfig) -> str | None:
+    """What the run's groups shared, for its end: documents and questions (--groups shard's first pass), groups pruned
+    together, prefilled whole (and why), records alone that could share (and why): row_notes' and
+    reading.order_notes' counts."""
+    if cfg.grouped is None:
+        return None
+    single = "rows alone: one question"
+
+    def counted(prefix: str, skip: str = "") -> tuple[int, str]:
+        items = [(k[len(prefix):], v) for k, v in sorted(notes.items()) if k.startswith(prefix) and k != skip and v]
+        return sum(v for _, v in items), ", ".join(f"{k} {v}" for k, v in items)
+
+    whole, whole_why = counted("groups whole: ")
+    whole_rows, _ = counted("rows whole: ")
+    alone, alone_why = counted("rows alone: ", skip=single)
+    head = (f"{notes['documents']} documents, {notes['questions']} records of documents asked more than once; "
+            if cfg.order_free else "")
+    return (f"groups ({group_rule_text(cfg)}): {head}{notes['groups together']} groups ({notes['rows together']} rows) "
+            f"pruned together, {whole} groups ({whole_rows} rows) prefilled whole" + (f" ({whole_why})" if whole else "")
+            + f", {alone} rows alone that could share" + (f" ({alone_why})" if alone else "")
+            + f", {notes[single]} rows alone as their document's only record"
+            + (f", {notes['rows error']} error rows" if notes["rows error"] else ""))
 
 
 def whole_warning(count: int, num_rows: int, select) -> str:
@@ -115,6 +145,8 @@ class Prepared:
 
     def finish(self) -> list[PrunedRequest | RowResult]:
         for i, req in zip(self.todo, self.scoring.finish()):
+            if isinstance(req, PrunedRequest):  # what its group did with it (spcli.stages.share.SHARING)
+                self.records[i].sharing, self.records[i].leads = req.sharing or self.records[i].sharing, req.leads
             try:
                 if isinstance(req, RecordError):
                     raise req

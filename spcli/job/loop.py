@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from spcli.config.run import RunConfig
 from spcli.errors import StopAtSafePoint
 from spcli.io.ids import mark_duplicates
-from spcli.io.read import read_from
+from spcli.io.groups import after
 from spcli.io.records import Record
 from spcli.io.schema import RowResult
 from spcli.io.shards import Shard
 from spcli.job.batch import row_notes, stream_rows
+from spcli.job.reading import shard_records
 
 log = logging.getLogger("spcli")
 
@@ -35,17 +36,17 @@ class ShardEnd:
 class Reorder:
     """Finished rows back in read order, committed as runs of one shard; a shard's end commits it done."""
 
-    def __init__(self, committer, manifest, cfg: RunConfig, progress, warned: set[int]):
+    def __init__(self, committer, manifest, cfg: RunConfig, progress, warned: set[int], notes: Counter | None = None):
         self.order: deque[Record | ShardEnd] = deque()
         self.finished: dict[int, RowResult] = {}  # id(record) -> its row
         self.committer, self.manifest, self.cfg, self.progress, self.warned = committer, manifest, cfg, progress, warned
-        self.notes: Counter = Counter()  # batch.row_notes
+        self.notes: Counter = Counter() if notes is None else notes  # batch.row_notes, reading.order_notes
 
     def read(self, shards: list[Shard]):
         """Every shard's records from its committed row on, in order; each record and shard end joins `order`."""
         for shard in shards:
             prog = self.manifest.shards[shard.index]
-            for rec in read_from(shard, self.cfg.fields, prog.next_row, self.cfg.max_record_bytes, self.cfg.grouped):
+            for rec in shard_records(shard, prog, self.cfg, self.notes):
                 if not rec.is_context:  # read for its group's shared part only: its row was committed before
                     self.order.append(rec)
                 yield rec
@@ -81,7 +82,7 @@ class Reorder:
             return
         records, rows = [r for r, _ in run], [row for _, row in run]
         self.notes += row_notes(records, rows, self.cfg.select)
-        self.committer.add(records[-1].shard, records[-1].row + 1, rows)
+        self.committer.add(records[-1].shard, after(records[-1]), rows)
         self.progress.update(rows)
         if self.committer.due():
             self.committer.commit()
@@ -107,13 +108,13 @@ class Reorder:
 
 
 def stream_shards(engine, cfg: RunConfig, shards: list[Shard], manifest, committer, ids, paths: dict[int, str],
-                  stop, progress, warned: set[int], check_stop) -> Counter:
+                  stop, progress, warned: set[int], check_stop, notes: Counter | None = None) -> Counter:
     """Run `shards` through the streaming loop; what the run's end says about its rows (batch.row_notes).
     A first SIGTERM/SIGUSR1 stops reading and lets the requests in flight finish (as a batch finished before);
     Ctrl-C stops at the next engine step, dropping those no finished row waits on (redone on resume) and finishing
     the others, so no finished row is lost (issue 40). check_stop() commits and raises Interrupted once a stop was
     asked for."""
-    reorder = Reorder(committer, manifest, cfg, progress, warned)
+    reorder = Reorder(committer, manifest, cfg, progress, warned, notes)
     in_vllm = 0  # requests in vLLM when a stop dropped them
     with committer.keeping_finished_rows(lambda: stop.requested):
         try:

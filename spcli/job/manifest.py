@@ -34,17 +34,29 @@ def fingerprint_fields(resolved: ResolvedRun, shards: list[Shard]) -> dict:
 
 
 def groups_for(resolved: ResolvedRun, out: Path, task: dict | None) -> ResolvedRun:
-    """--groups auto on a directory whose rows were made before groups (its fingerprint names no group rule): each
-    record alone, as they were made, so that it resumes as before; a new directory groups."""
+    """--groups auto, resolved against the directory it continues: groups shard on a new directory (or one that made
+    them); on a directory whose rows were made before groups (its fingerprint names no group rule), each record alone;
+    on one made with the consecutive rule (before --groups shard: its fingerprint's groups "auto"), that rule. So an
+    old directory resumes as its rows were made."""
     cfg = resolved.cfg
     path = out / manifest_name(task["index"] if task else None)
-    if cfg.groups != "auto" or cfg.fresh or not path.exists():
+    if cfg.groups != "auto":
         return resolved
-    old = Manifest.load(path)
-    if not old.committed_parts() or "group_rule" in old.fingerprint_fields:
-        return resolved
-    log.info("groups: off (%s was made before document groups; its rows were made one record at a time)", out)
-    return dataclasses.replace(resolved, cfg=dataclasses.replace(cfg, groups="off"))
+    old = None if cfg.fresh or not path.exists() else Manifest.load(path)
+    groups = resumed_groups(old.fingerprint_fields) if old is not None and old.committed_parts() else "shard"
+    if groups == "off":
+        log.info("groups: off (%s was made before document groups; its rows were made one record at a time)", out)
+    elif groups == "consecutive":
+        log.info("groups: consecutive (%s was made with the consecutive rule, before --groups shard; it resumes with it)",
+                 out)
+    return dataclasses.replace(resolved, cfg=dataclasses.replace(cfg, groups=groups))
+
+
+def resumed_groups(fingerprint_fields: dict) -> str:
+    """The --groups rule a directory's rows were made with, from its fingerprint (RunConfig.fingerprint_fields)."""
+    if "group_rule" not in fingerprint_fields:
+        return "off"
+    return "consecutive" if fingerprint_fields.get("groups") == "auto" else "shard"
 
 
 def open_manifest(resolved: ResolvedRun, out: Path, shards: list[Shard], task: dict | None,

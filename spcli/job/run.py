@@ -24,15 +24,16 @@ from spcli.io.manifest import (
     Manifest,
 )
 from spcli.io.outdir import check_not_ray, check_out, prepare_out
-from spcli.io.groups import Whole, own_rows
-from spcli.io.read import check_shard, first_record, read_from
+from spcli.io.groups import Whole, after, own_rows
+from spcli.io.read import check_shard, first_record
 from spcli.io.records import Record
 from spcli.io.shards import Shard, discover
 from spcli.job import retry
 from spcli.job.banner import banner_lines, resume_line
-from spcli.job.batch import note_warnings, row_notes, run_batch
+from spcli.job.batch import note_warnings, row_notes, run_batch, sharing_line
 from spcli.job.manifest import fingerprint_fields, groups_for, open_manifest
 from spcli.job.progress import Progress
+from spcli.job.reading import shard_records
 from spcli.job.shares import WorkerShare, my_shards
 from spcli.job.stop import StopRequest
 from spcli.job.summary import RunSummary
@@ -134,7 +135,8 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
         log.info("%s", line)
     if before["rows"] and todo:
         first = todo[0]
-        log.info("%s", resume_line(before["rows"], rows_total, first.path, manifest.shards[first.index].next_row))
+        prog = manifest.shards[first.index]
+        log.info("%s", resume_line(before["rows"], rows_total, first.path, prog.next_row, prog.order is not None))
     committer = commit.Committer(out, manifest, cfg.output_format, cfg.save_scores, cfg.model,
                                  cfg.commit_interval, committed, pass_through)
     engine = None
@@ -176,13 +178,12 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
         engine = engine or make_engine(resolved)
         _check_stop(stop, committer, manifest)
         notes = stream_shards(engine, cfg, todo, manifest, committer, ids, paths, stop, progress, warned,
-                                    lambda: _check_stop(stop, committer, manifest))
+                              lambda: _check_stop(stop, committer, manifest), notes)
         todo = []
     for shard in todo:
         prog = manifest.shards[shard.index]
         with committer.keeping_finished_rows(lambda: stop.requested):
-            for batch in batches(read_from(shard, cfg.fields, prog.next_row, cfg.max_record_bytes, cfg.grouped),
-                                 cfg.hf_batch, cfg.grouped):
+            for batch in batches(shard_records(shard, prog, cfg, notes), cfg.hf_batch, cfg.grouped):
                 _check_stop(stop, committer, manifest)
                 mark_duplicates(batch, ids, paths)
                 if engine is None:
@@ -198,7 +199,7 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
                 assert len(rows) == len(batch), "every record gives exactly one row"
                 batch, rows = own_rows(batch, rows)  # a group's records before the resume point made theirs before
                 notes += row_notes(batch, rows, cfg.select)
-                committer.add(shard.index, batch[-1].row + 1, rows)
+                committer.add(shard.index, after(batch[-1]), rows)
                 progress.update(rows)
                 _check_stop(stop, committer, manifest)
                 if committer.due():
@@ -206,6 +207,8 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
         committer.commit(shard.index, done=True)
         if prog.rows == 0 and shard.index not in warned:
             log.warning("%s: no records", shard.key)
+    if (line := sharing_line(notes, cfg)) is not None:
+        log.info("%s", line)
     for warning in note_warnings(notes, progress.rows - progress.failed, cfg.select):
         log.warning("%s", warning)
     committer.save(finished=True)

@@ -87,8 +87,8 @@ def start_prepare(records: list[Record], cfg: RunConfig, stack: ModelStack, on_s
             out.append(e)
     ready = [i for i, r in enumerate(out) if isinstance(r, PrunedRequest)]
     position = {i: k for k, i in enumerate(ready)}
-    groups = [Group([position[i] for i in g.members], g.name, g.shared_len, rule=g.rule)
-              for g in find_groups(records, out, cfg.grouped, cfg.select, cfg.group_rule)]
+    groups = [dataclasses.replace(g, members=[position[i] for i in g.members])
+              for g in find_groups(records, out, cfg.grouped, cfg.select, cfg.group_rule, cfg.order_free)]
     scoring = start_prune([out[i] for i in ready], cfg.select, cfg.score, stack, on_stage, should_stop,
                           cfg.speculator_chunk, with_unpooled, overlap, groups)
     return dataclasses.replace(scoring, prepared=(out, ready))
@@ -164,7 +164,10 @@ class Scoring:
         pay; every group's members carry its name and shared part."""
         for g in self.groups:
             if any(isinstance(out[i], RecordError) for i in g.members):
-                continue  # a member the speculator could not score: the others stand as selected alone
+                for i in g.members:  # a member the speculator could not score: the others stand as selected alone
+                    if not isinstance(out[i], RecordError):
+                        out[i].sharing = "alone: speculator error"
+                continue
             if g.is_shared:
                 num_kept = unite(g, out) if g.rule == "union" else unite_document(g, out, self.select, self.score.rows)
                 if not group_pays(self.pair, self.score, self.select, g, out, num_kept):
@@ -194,8 +197,9 @@ def start_prune(requests: list[PrunedRequest], select: SelectConfig, score: Scor
     pair = shapes(stack.path, stack.speculator_name, stack.located[1] if stack.located else None)
     grouped = {}  # request index -> whether its group prunes (judged for the group as a whole)
     for g in groups:
-        if not group_pays(pair, score, select, g, requests):
-            keep_whole(g, requests)
+        if g.is_shared and not group_pays(pair, score, select, g, requests):
+            keep = requests[g.members[0]].keep
+            keep_whole(g, requests, "pays" if is_pruned(g.shared_len, select, keep) or keep == AUTO else "keep")
         grouped.update(dict.fromkeys(g.members, g.is_shared))
     todo = [i for i, r in enumerate(requests) if grouped.get(i, is_pruned(r.num_prompt_tokens, select, r.keep)
             and pays(pair, score, select, r.keep, r.num_prompt_tokens, num_protected(r), len(r.speculator_prompt)))]

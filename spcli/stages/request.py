@@ -40,6 +40,8 @@ class PrunedRequest:
     group_size: int = 1
     shared_len: int = 0  # the group's shared prompt prefix, in tokens (L): kept[:shared_kept] are the group's
     shared_kept: int = 0  # kept positions inside it, the same for every member (spcli.stages.share)
+    sharing: str | None = None  # what its group did with it (spcli.stages.share.SHARING), for the run's end
+    leads: bool = False  # its group's first member: counts the group once
 
     @property
     def speculator_token_ids(self) -> list[int]:

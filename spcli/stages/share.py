@@ -31,15 +31,36 @@ from spcli.stages.request import PrunedRequest
 from spcli.stages.select import is_pruned, num_forced, select_tokens, target
 
 
+# What a group did with each of its records (PrunedRequest.sharing, then Record.sharing): the run's end counts them
+# (spcli.job.batch.sharing_line). "together": pruned with its group; "whole: ...": its group prefilled whole, the
+# document once (prefix caching), and why; "alone: ...": a record run alone, and why ("one question": its document's
+# only record in the shard, which could share with none); "error": an error row (the rest of its group stays grouped).
+SHARING = {
+    "whole: short": "the document is under --min-tokens",
+    "whole: pays": "pruning would not pay (--max-prune-cost)",
+    "whole: keep": "nothing to prune at its keep",
+    "alone: one question": "the only record of its document",
+    "alone: no key": "no group key (no prompt text, one message, or no --group-field value)",
+    "alone: keeps differ": "its document's records ask for different keeps",
+    "alone: speculator tokenizer": "its speculator reads another tokenizer's tokens",
+    "alone: restated": "its instruction is restated for the speculator (--restate)",
+    "alone: no common prefix": "its document's prompts share no token prefix",
+    "alone: short prefix": "the shared part is under --min-tokens (--groups consecutive)",
+    "alone: error in group": "an error row in its group (--groups consecutive)",
+    "alone: speculator error": "the speculator failed on a record of its group",
+}
+
+
 @dataclass
 class Group:
     """Requests of one document, by index into a window's requests."""
 
     members: list[int]  # indices of its requests, in read order
-    name: str  # the group's first record's id
+    name: str  # the group's first record's id (--groups shard: the least id of its members)
     shared_len: int  # L: tokens every member's prompt starts with
     is_shared: bool = True  # pruned together (False: every token kept, the document still prefilled once)
     rule: str = "union"  # --group-rule: union (unite) or document (unite_document)
+    whole: str | None = None  # why it keeps every token ("short", "pays", "keep": SHARING)
 
 
 def shared_len(prompts: list[list[int]]) -> int:
@@ -48,21 +69,46 @@ def shared_len(prompts: list[list[int]]) -> int:
 
 
 def find_groups(records: list, requests: list, group_max: int | None, select: SelectConfig,
-                rule: str = "union") -> list[Group]:
-    """The groups of a window whose members are all requests (no error row), of one keep, and not across
-    tokenizers or restated (those stay alone), sharing a prefix of at least select.min_tokens."""
+                rule: str = "union", order_free: bool = False) -> list[Group]:
+    """The groups of a window whose members are requests of one keep, not across tokenizers or restated (those stay
+    alone). --groups shard (`order_free`): an error row leaves the rest of its group grouped, and a document under
+    --min-tokens is a group kept whole (prefilled once); --groups consecutive: an error row, or a shared prefix under
+    select.min_tokens, leaves every record of its group alone. Each request's `sharing` says which (SHARING)."""
     if group_max is None:
         return []
     found = []
     for members in assign(records, group_max):
-        reqs = [requests[i] for i in members]
-        if len(members) < 2 or not all(isinstance(r, PrunedRequest) for r in reqs):
+        good = [i for i in members if isinstance(requests[i], PrunedRequest)]
+        for i in members:
+            if not isinstance(requests[i], PrunedRequest):
+                records[i].sharing = "error"
+        alone = lambda why: [setattr(requests[i], "sharing", why) for i in good]
+        if len(members) < 2:
+            alone("alone: one question" if records[members[0]].group_key is not None else "alone: no key")
             continue
-        if len({str(r.keep) for r in reqs}) > 1 or any(r.speculator_ids is not None or r.restated for r in reqs):
+        if len(good) < len(members) and not order_free:
+            alone("alone: error in group")
+            continue
+        if len(good) < 2:
+            alone("alone: one question")
+            continue
+        reqs = [requests[i] for i in good]
+        if len({str(r.keep) for r in reqs}) > 1:
+            alone("alone: keeps differ")
+            continue
+        if any(r.speculator_ids is not None for r in reqs) or any(r.restated for r in reqs):
+            alone("alone: speculator tokenizer" if reqs[0].speculator_ids is not None else "alone: restated")
             continue
         n = shared_len([r.token_ids for r in reqs])
+        name = min(records[i].id for i in good) if order_free else records[good[0]].id
         if n >= select.min_tokens:
-            found.append(Group(members, records[members[0]].id, n, rule=rule))
+            found.append(Group(good, name, n, rule=rule))
+        elif not order_free:
+            alone("alone: short prefix")
+        elif n == 0:
+            alone("alone: no common prefix")
+        else:  # a short document: prefilled once, whole (its rows may be long enough to prune alone)
+            found.append(Group(good, name, n, is_shared=False, rule=rule, whole="short"))
     return found
 
 
@@ -127,8 +173,9 @@ def unite_document(group: Group, requests: list[PrunedRequest], select: SelectCo
     return int(kept.numel())
 
 
-def keep_whole(group: Group, requests: list[PrunedRequest]) -> None:
+def keep_whole(group: Group, requests: list[PrunedRequest], why: str = "pays") -> None:
     group.is_shared = False
+    group.whole = group.whole or why
     for i in group.members:
         requests[i].kept = torch.arange(requests[i].num_prompt_tokens)
 
@@ -139,6 +186,7 @@ def mark(group: Group, requests: list[PrunedRequest]) -> None:
     for i in group.members:
         r = requests[i]
         r.group, r.group_size, r.shared_len, r.shared_kept = group.name, len(group.members), group.shared_len, kept_shared
+        r.sharing, r.leads = ("together" if group.is_shared else f"whole: {group.whole or 'pays'}"), i == group.members[0]
 
 
 def shared_salt(req: PrunedRequest) -> str:

@@ -1,0 +1,328 @@
+"""`--groups shard` (the default): a document's records form a group wherever they stand in their shard.
+
+A first pass over the shard (`scan`) keeps, per record, three 8-byte numbers in numpy arrays: its group key's digest
+(blake2b of its prompt-field text, of its messages but the last, or of its --group-field value), a digest of the
+record itself (its JSONL line; a Parquet row's values) and its row; for plain JSONL also where its line starts and
+its length. `order` makes of them the shard's processing order:
+
+- a group is every record of one key (a record without a key is alone), cut into groups of at most --group-max in
+  the order of the records' own digests (then rows: only identical records tie), never by where they stand; a
+  group's members are in that order too, so its first member (which names it) is the same in any order of the shard;
+- groups run in the order of their last row: the order a reader that reads the shard once finishes them in.
+
+So a record's group, and so its output, depends only on which records its shard holds, not on their order. A
+commit counts records in this order (the shard's `next_row` is first_row + the records committed in it, with the
+shard marked `order: groups` in the manifest), and a resume computes the same order from the same file and goes on
+from there; a resume point inside a group reads the group's earlier members again as context (`is_context`).
+
+Reading in that order: plain JSONL reads each record where the first pass found it (os.pread; no record is held
+but the group being read); gzip JSONL and Parquet are read once from the start, holding the records of groups not
+yet finished (a shard whose documents' questions stand far apart holds that many records).
+
+Memory of the first pass, per million records: rows, keys, digests 24 MB (and 16 MB of line places for plain JSONL),
+then the order 8 MB + 8 MB per million groups (spcli/io/group_order.py: `Scan.nbytes`, `Order.nbytes`; measured by
+benches/group_order.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import zlib
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from spcli.config.run import FieldConfig
+from spcli.errors import InputError
+from spcli.io.read import DRAIN_BYTES, ID_SCAN_BYTES, UTF8_BOM, line_record, read_records
+from spcli.io.records import Record
+from spcli.io.shards import Shard, shard_kind
+
+ORDER = "groups"  # ShardProgress.order: its next_row counts records of this processing order
+
+
+@dataclass(frozen=True)
+class Scan:
+    """The first pass over one shard: per record (in row order) its row, group key digest (valid where has_key), own
+    digest, and for plain JSONL its line's byte offset and length (over_long: row -> size, lines over the limit)."""
+
+    rows: np.ndarray  # int64
+    keys: np.ndarray  # uint64
+    has_key: np.ndarray  # bool
+    own: np.ndarray  # uint64
+    offsets: np.ndarray | None = None  # int64, plain JSONL
+    lengths: np.ndarray | None = None  # int64, plain JSONL
+    over_long: dict | None = None
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.rows, self.keys, self.has_key, self.own, self.offsets, self.lengths)
+        return sum(a.nbytes for a in arrays if a is not None)
+
+
+@dataclass(frozen=True)
+class Order:
+    """A shard's processing order: `members` (indices into the Scan's arrays) group by group, `starts` [G + 1]."""
+
+    members: np.ndarray  # int64 [N]
+    starts: np.ndarray  # int64 [G + 1]
+    documents: int  # distinct keys
+    questions: int  # records of documents that have more than one record in the shard
+    no_key: int  # records without a group key (alone)
+    cut: int  # documents over --group-max (cut into several groups)
+
+    @property
+    def nbytes(self) -> int:
+        return self.members.nbytes + self.starts.nbytes
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.starts) - 1
+
+
+def digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
+def _text(value: str) -> bytes:
+    return value.encode("utf-8", "surrogatepass")
+
+
+def key_digest(obj, prompt_field: str, messages_field: str, group_field: str | None) -> bytes | None:
+    """The digest of a raw record's group key (spcli.io.groups.group_key's key), None where it has none."""
+    if not isinstance(obj, dict):
+        return None
+    if "custom_id" in obj and isinstance(obj.get("body"), dict):  # an OpenAI batch request line: its body's fields
+        obj, prompt_field, messages_field = obj["body"], "prompt", "messages"
+    if group_field is not None:
+        value = obj.get(group_field)
+        return None if value is None else digest(b"f" + _text(str(value)))
+    prompt = obj.get(prompt_field)
+    if isinstance(prompt, str):
+        return digest(b"t" + _text(prompt))
+    messages = obj.get(messages_field)
+    if isinstance(messages, list) and len(messages) > 1:
+        return digest(b"m" + json.dumps(messages[:-1], sort_keys=True).encode())
+    return None
+
+
+class _Arrays:
+    def __init__(self, jsonl: bool):
+        self.rows, self.keys, self.has, self.own = array("q"), bytearray(), bytearray(), bytearray()
+        self.offsets, self.lengths = (array("q"), array("q")) if jsonl else (None, None)
+        self.over_long: dict[int, int] = {}
+
+    def add(self, row: int, key: bytes | None, own: bytes) -> None:
+        self.rows.append(row)
+        self.keys += key or bytes(8)
+        self.has.append(key is not None)
+        self.own += own
+
+    def scan(self) -> Scan:
+        u64 = lambda b: np.frombuffer(bytes(b), dtype="<u8").astype(np.uint64)
+        jsonl = self.offsets is not None
+        return Scan(np.frombuffer(self.rows, dtype=np.int64).copy(), u64(self.keys),
+                    np.frombuffer(bytes(self.has), dtype=np.uint8).astype(bool), u64(self.own),
+                    np.frombuffer(self.offsets, dtype=np.int64).copy() if jsonl else None,
+                    np.frombuffer(self.lengths, dtype=np.int64).copy() if jsonl else None, self.over_long)
+
+
+def scan(shard: Shard, fields: FieldConfig, limit: int) -> Scan:
+    """The first pass over `shard` (within its row range, where it has one)."""
+    kind = shard_kind(shard.path)
+    if kind == "parquet":
+        return _scan_parquet(shard, fields)
+    try:
+        return _scan_jsonl(shard, fields, limit, kind)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise InputError(f"{shard.path}: compressed file is truncated or corrupt ({e})") from e
+    except OSError as e:
+        raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
+
+
+def _scan_jsonl(shard: Shard, fields: FieldConfig, limit: int, kind: str) -> Scan:
+    out = _Arrays(jsonl=kind == "jsonl")
+    stop = shard.rows[1] if shard.rows is not None else None
+    group = fields.group
+    loads = orjson.loads
+    with (gzip.open if kind == "jsonl.gz" else open)(shard.path, "rb") as f:
+        row, pos = 0, 0
+        if shard.offset and kind == "jsonl":
+            f.seek(shard.offset)
+            row, pos = shard.first_row, shard.offset
+        first = shard.first_row
+        while (stop is None or row < stop) and (line := f.readline(limit + 1)):
+            start, pos = pos, pos + len(line)
+            if len(line) > limit and not line.endswith(b"\n"):  # over --max-record-bytes: an error row, alone
+                size = len(line)
+                while (chunk := f.readline(DRAIN_BYTES)) and not chunk.endswith(b"\n"):
+                    size, pos = size + len(chunk), pos + len(chunk)
+                pos += len(chunk)
+                size += len(chunk) - (1 if chunk.endswith(b"\n") else 0)
+                if row >= first:
+                    out.over_long[row] = size
+                    out.add(row, None, digest(line[:ID_SCAN_BYTES]))
+                    if out.offsets is not None:
+                        out.offsets.append(start)
+                        out.lengths.append(min(ID_SCAN_BYTES, pos - start))
+                row += 1
+                continue
+            text = line.strip()
+            if row >= first and text:
+                if row == 0 and text.startswith(UTF8_BOM):
+                    text = text[len(UTF8_BOM):].strip()
+                try:
+                    obj = loads(text)
+                except orjson.JSONDecodeError:
+                    obj = None  # an error row (or a lone surrogate: read.line_record says which), alone
+                key = key_digest(obj, fields.prompt, fields.messages, group) if type(obj) is dict else None
+                out.add(row, key, digest(text))
+                if out.offsets is not None:
+                    out.offsets.append(start)
+                    out.lengths.append(len(line))
+            row += 1
+    return out.scan()
+
+
+def _scan_parquet(shard: Shard, fields: FieldConfig) -> Scan:
+    from spcli.io.count import is_empty
+    from spcli.io.parquet import open_parquet
+
+    out = _Arrays(jsonl=False)
+    if is_empty(shard.path):
+        return out.scan()
+    pf = open_parquet(shard)
+    names = set(pf.schema_arrow.names)
+    wanted = [fields.id, fields.prompt, fields.messages, fields.instruction, fields.group]
+    columns = list(dict.fromkeys(c for c in wanted if c is not None and c in names))
+    first, stop = shard.first_row, (shard.rows[1] if shard.rows is not None else None)
+    row = 0
+    for batch in pf.iter_batches(batch_size=4096, columns=columns, use_threads=False):
+        try:
+            values = batch.to_pylist()
+        except UnicodeDecodeError:
+            values = [None] * batch.num_rows  # read.py makes those rows errors; here they are alone
+        for obj in values:
+            if row >= first and (stop is None or row < stop):
+                try:
+                    own = digest(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS, default=str))
+                except TypeError:
+                    own = digest(repr(obj).encode("utf-8", "surrogatepass"))
+                out.add(row, key_digest(obj, fields.prompt, fields.messages, fields.group), own)
+            row += 1
+    return out.scan()
+
+
+def order(s: Scan, group_max: int) -> Order:
+    """The processing order of a scanned shard (module docstring)."""
+    n = len(s.rows)
+    keyed = np.flatnonzero(s.has_key)
+    by_key = keyed[np.lexsort((s.rows[keyed], s.own[keyed], s.keys[keyed]))]
+    k = s.keys[by_key]
+    new_key = np.ones(len(by_key), dtype=bool)
+    new_key[1:] = k[1:] != k[:-1]
+    key_starts = np.flatnonzero(new_key)
+    run = np.cumsum(new_key) - 1
+    rank = np.arange(len(by_key)) - key_starts[run]
+    sizes = np.diff(np.append(key_starts, len(by_key)))
+    alone = np.flatnonzero(~s.has_key)
+    members = np.concatenate([by_key, alone]).astype(np.int64)
+    starts = np.concatenate([np.flatnonzero(new_key | (rank % group_max == 0)),
+                             len(by_key) + np.arange(len(alone))]).astype(np.int64)
+    if len(members):
+        last = np.maximum.reduceat(s.rows[members], starts)
+        by_last = np.argsort(last, kind="stable")
+        lengths = np.diff(np.append(starts, n))[by_last]
+        new_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        # members of group by_last[j], which now begins at new_starts[j]
+        take = np.repeat(starts[by_last] - new_starts[:-1], lengths) + np.arange(n)
+        members, starts = members[take], new_starts
+    else:
+        starts = np.zeros(1, dtype=np.int64)
+    return Order(members, starts, documents=len(key_starts), questions=int(sizes[sizes > 1].sum()),
+                 no_key=len(alone), cut=int((sizes > group_max).sum()))
+
+
+def read_in_order(shard: Shard, fields: FieldConfig, start_row: int, limit: int, group_max: int,
+                  wanted_rows: set[int] | None = None, on_order=lambda order: None) -> Iterator[Record]:
+    """The shard's records in its processing order, from position start_row - first_row on (a group begun before it
+    comes whole, its earlier members marked is_context). wanted_rows (--retry-failed): only the groups holding one of
+    these rows, the others of their members marked is_context. Each record carries group_id and order_pos.
+    on_order(order) sees the order before the first record is read."""
+    s = scan(shard, fields, limit)
+    o = order(s, group_max)
+    on_order(o)
+    done = max(0, start_row - shard.first_row)
+    if wanted_rows is not None:
+        done = 0
+        is_wanted = np.isin(s.rows[o.members], np.fromiter(wanted_rows, dtype=np.int64, count=len(wanted_rows)))
+        wanted = set(np.unique(np.searchsorted(o.starts, np.flatnonzero(is_wanted), side="right") - 1).tolist())
+    else:
+        wanted = None
+    if s.offsets is not None:
+        yield from _read_at(shard, fields, limit, s, o, done, wanted, wanted_rows)
+    else:
+        yield from _read_through(shard, fields, limit, s, o, done, wanted, wanted_rows)
+
+
+def _place(rec: Record, g: int, pos: int, first_row: int, done: int, wanted_rows: set[int] | None) -> Record:
+    rec.group_id, rec.order_pos = g, first_row + pos
+    rec.is_context = pos < done if wanted_rows is None else rec.row not in wanted_rows
+    return rec
+
+
+def _read_at(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, done: int, wanted: set[int] | None,
+             wanted_rows: set[int] | None) -> Iterator[Record]:
+    """Plain JSONL: each record read where the first pass found it."""
+    g0 = int(np.searchsorted(o.starts, done, side="right") - 1)
+    try:
+        fd = os.open(shard.path, os.O_RDONLY)
+    except OSError as e:
+        raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
+    try:
+        for g in range(max(g0, 0), o.num_groups):
+            if wanted is not None and g not in wanted:
+                continue
+            for pos in range(int(o.starts[g]), int(o.starts[g + 1])):
+                i = int(o.members[pos])
+                row = int(s.rows[i])
+                data = os.pread(fd, int(s.lengths[i]), int(s.offsets[i]))
+                if row in s.over_long:
+                    rec = line_record(shard, row, None, s.over_long[row], data, "jsonl", fields, limit)
+                else:
+                    rec = line_record(shard, row, data, len(data), b"", "jsonl", fields, limit)
+                if rec is None:
+                    raise InputError(f"{shard.path}: line {row + 1} changed while the shard was read (now blank)")
+                yield _place(rec, g, pos, shard.first_row, done, wanted_rows)
+    finally:
+        os.close(fd)
+
+
+def _read_through(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, done: int,
+                  wanted: set[int] | None, wanted_rows: set[int] | None) -> Iterator[Record]:
+    """gzip JSONL, Parquet: the shard read once from its start, each group given once its last record is read."""
+    n = len(s.rows)
+    pos_of = np.empty(n, dtype=np.int64)
+    pos_of[o.members] = np.arange(n)
+    group_of = np.searchsorted(o.starts, pos_of, side="right") - 1
+    left = np.diff(o.starts)
+    g_first = int(np.searchsorted(o.starts, done, side="right") - 1)
+    held: dict[int, list[Record]] = {}
+    i = 0
+    for rec in read_records(shard, fields, shard.first_row, limit):
+        if i >= n or int(s.rows[i]) != rec.row:
+            raise InputError(f"{shard.path}: changed while it was read (row {rec.row} was not in its first pass)")
+        g, pos = int(group_of[i]), int(pos_of[i])
+        i += 1
+        if g < g_first or (wanted is not None and g not in wanted):
+            continue
+        held.setdefault(g, []).append(_place(rec, g, pos, shard.first_row, done, wanted_rows))
+        left[g] -= 1
+        if left[g] == 0:
+            yield from sorted(held.pop(g), key=lambda r: r.order_pos)

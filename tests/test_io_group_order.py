@@ -1,0 +1,151 @@
+"""--groups shard (spcli/io/group_order.py): a document's records grouped wherever they stand in their shard, so a
+record's row does not depend on the order of its shard's records; old directories resume with the consecutive rule."""
+
+import gzip
+import json
+import random
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+from typer.testing import CliRunner
+
+from spcli.cli import app
+from spcli.config.run import FieldConfig, RunConfig
+from spcli.io.group_order import order, read_in_order, scan
+from spcli.io.shards import Shard
+from test_job_run import ARGS, read_outputs
+from test_stages_share import DOCS, qa_rows
+
+FIELDS = FieldConfig(instruction="question")
+TIMING = ("_s",)
+
+
+def _groups(path, group_max=16, **kw):
+    """{frozenset of ids in one group} from reading `path` in its group order."""
+    records = list(read_in_order(Shard(0, str(path), "in"), FIELDS, 0, 1 << 20, group_max, **kw))
+    groups: dict[int, list] = {}
+    for r in records:
+        groups.setdefault(r.group_id, []).append(r)
+    return records, {frozenset(r.id for r in g) for g in groups.values()}
+
+
+def test_groups_do_not_depend_on_order_and_are_cut_by_the_records_themselves(tmp_path, write_jsonl):
+    rows = [{"id": f"a{i}", "prompt": "doc a", "question": f"q{i}"} for i in range(7)]
+    rows += [{"id": f"b{i}", "prompt": "doc b", "question": f"q{i}"} for i in range(2)]
+    rows += [{"id": "c0", "prompt": "doc c"}, {"id": "nokey", "messages": [{"role": "user", "content": "hi"}]}]
+    found = []
+    for seed in range(3):
+        shuffled = random.Random(seed).sample(rows, len(rows))
+        records, groups = _groups(write_jsonl(shuffled, f"in{seed}.jsonl"), group_max=3)
+        found.append(groups)
+        assert sorted(r.order_pos for r in records) == list(range(len(rows)))  # every record once
+        # groups come in the order of their last row: a reader that reads the file once finishes them so
+        lasts = [max(r.row for r in records if r.group_id == g) for g in dict.fromkeys(r.group_id for r in records)]
+        assert lasts == sorted(lasts)
+    assert found[0] == found[1] == found[2]
+    assert sorted(map(len, found[0])) == [1, 1, 1, 2, 3, 3]  # a's 7 cut 3 + 3 + 1 by the records' digests
+
+
+def test_gzip_and_parquet_read_the_same_order_as_plain_jsonl(tmp_path, write_jsonl):
+    rows = random.Random(5).sample(qa_rows(), 9) + ["not json"]
+    plain = write_jsonl(rows)
+    gz = tmp_path / "in.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    want = [(r.row, r.group_id, r.order_pos) for r in _groups(plain)[0]]
+    assert [(r.row, r.group_id, r.order_pos) for r in _groups(gz)[0]] == want
+    table = [r for r in rows if isinstance(r, dict)]
+    pqf = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(table), pqf)
+    records, groups = _groups(pqf)
+    assert groups == {g for g in _groups(plain)[1] if "in:9" not in g}
+
+
+def test_a_resume_inside_a_group_reads_its_earlier_members_as_context(tmp_path, write_jsonl):
+    path = write_jsonl(random.Random(1).sample(qa_rows(), 9))
+    shard = Shard(0, str(path), "in")
+    every = list(read_in_order(shard, FIELDS, 0, 1 << 20, 16))
+    later = list(read_in_order(shard, FIELDS, 4, 1 << 20, 16))
+    assert [r.order_pos for r in later if not r.is_context] == list(range(4, 9))
+    assert [r.order_pos for r in later if r.is_context] == [3]  # the group of position 4 began at 3
+    assert [r.id for r in later] == [r.id for r in every[3:]]
+    failed = list(read_in_order(shard, FIELDS, 0, 1 << 20, 16, wanted_rows={every[4].row}))
+    assert [(r.id, r.is_context) for r in failed] == [(r.id, r.id != every[4].id) for r in every[3:6]]
+
+
+def test_first_pass_memory_per_record(tmp_path, write_jsonl):
+    path = write_jsonl(qa_rows() * 4)
+    s = scan(Shard(0, str(path), "in"), FIELDS, 1 << 20)
+    o = order(s, 16)
+    assert s.nbytes == 41 * 36 and o.members.nbytes == 8 * 36  # bytes per record: 41 (plain JSONL), then 8 + groups'
+
+
+def _run(tmp_path, tiny_dir, path, name, *extra):
+    out = tmp_path / name
+    res = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--model", str(tiny_dir),
+                                   "--instruction-field", "question", *ARGS, "--max-prune-cost", "inf", *extra])
+    assert res.exit_code == 0, res.output
+    return {r["id"]: {k: v if k != "error" else v and v.split(": ", 2)[-1]  # its message less file:line
+                      for k, v in r.items() if not k.endswith(TIMING) and k not in ("row", "shard")}
+            for r in read_outputs(out)}, res.output
+
+
+def test_the_same_shard_in_three_orders_gives_the_same_rows_and_an_error_row_leaves_its_group_grouped(
+        tmp_path, tiny_dir, write_jsonl):
+    rows = qa_rows()
+    rows[4] = {**rows[4], "n": 3}  # d1q1: an error row (n > 1 is refused), inside d1's group
+    runs = []
+    for seed, name in ((None, "ordered"), (2, "shuffled"), (7, "shuffled-again")):
+        order_of = rows if seed is None else random.Random(seed).sample(rows, len(rows))
+        got, output = _run(tmp_path, tiny_dir, write_jsonl(order_of, f"{name}.jsonl"), name, "--batch-size", "2")
+        runs.append(got)
+    assert runs[0] == runs[1] == runs[2]
+    rows_out = runs[0]
+    assert rows_out["d1q1"]["error"] is not None
+    assert {i: (r["group"], r["group_size"]) for i, r in rows_out.items() if r["error"] is None} == {
+        **{f"d{d}q{q}": (f"d{d}q0", 3) for d in (0, 2) for q in range(3)}, "d1q0": ("d1q0", 2), "d1q2": ("d1q0", 2)}
+    assert all(r["num_kept_tokens"] < r["num_prompt_tokens"] for r in rows_out.values() if r["error"] is None)
+    assert ("groups (by the same prompt text (or messages but the last), wherever they stand in a shard, at most 16 "
+            "a group): 3 documents, 9 records of documents asked more than once; 3 groups (8 rows) pruned together"
+            in " ".join(output.split()))
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "shuffled")])
+    assert res.exit_code == 0, res.output
+    assert "groups: 3 (8 rows) pruned together, 0 (0 rows) prefilled whole; 0 rows alone" in " ".join(res.output.split())
+
+
+def test_a_short_document_with_long_rows_is_one_group_prefilled_whole(tmp_path, tiny_dir, write_jsonl):
+    doc = "A short note about the weather."
+    rows = [{"id": f"q{i}", "prompt": doc, "question": " ".join(["and what did the note say about day", str(i)] * 6)}
+            for i in range(3)]
+    got, output = _run(tmp_path, tiny_dir, write_jsonl(rows), "short", "--min-tokens", "24")
+    assert all(r["group"] == "q0" and r["group_size"] == 3 for r in got.values())
+    assert all(r["num_kept_tokens"] == r["num_prompt_tokens"] for r in got.values())  # whole, not scored alone
+    assert all(r["speculate_s"] == 0 for r in got.values()) if "speculate_s" in got["q0"] else True
+    assert "1 groups (3 rows) prefilled whole (short 1)" in " ".join(output.split())
+
+
+def test_a_directory_of_the_consecutive_rule_resumes_with_it(tmp_path, tiny_dir, write_jsonl):
+    """A manifest as the code before --groups shard wrote it (config and fingerprint: groups "auto", the consecutive
+    rule) resumes with that rule, and its fingerprint matches; a new directory groups by shard."""
+    path = write_jsonl(qa_rows())
+    out = tmp_path / "old"
+    _, output = _run(tmp_path, tiny_dir, path, "old", "--groups", "consecutive", "--batch-size", "3",
+                     "--commit-interval", "0")
+    manifest = out / "manifest.json"
+    doc = orjson.loads(manifest.read_bytes())
+    assert doc["fingerprint_fields"]["groups"] == "auto"  # what the old code wrote
+    doc["config"]["groups"] = "auto"
+    shard = doc["shards"]["0"]
+    last = shard["parts"].pop()
+    (out / last).unlink()
+    shard.update(done=False, next_row=6, rows=6, total_rows=None)
+    manifest.write_bytes(orjson.dumps(doc))
+    full, _ = _run(tmp_path, tiny_dir, path, "ref", "--groups", "consecutive")
+    resumed, output = _run(tmp_path, tiny_dir, path, "old")
+    assert "groups: consecutive" in output and "resuming" in output
+    assert resumed == full
+    cfg = RunConfig(inputs=("x",), out="o", model="m")
+    assert cfg.fingerprint_fields()["groups"] == "shard"
+    with_rule = {**cfg.fingerprint_fields(), "groups": "auto"}
+    from spcli.job.manifest import resumed_groups
+    assert resumed_groups(with_rule) == "consecutive" and resumed_groups(cfg.fingerprint_fields()) == "shard"
