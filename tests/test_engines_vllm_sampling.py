@@ -84,6 +84,24 @@ def test_the_names_refused_are_vllm_s_sampling_params():
     assert SAMPLING_PARAMS == tuple(n for n in SamplingParams.__struct_fields__ if not n.startswith("_"))
 
 
+def test_every_name_vllm_s_openai_server_takes_is_applied_read_ignored_or_refused():
+    """Issue 59: a request name spcli did not know (`best_of`) was data, ignored in silence. Every field of vLLM's own
+    chat and completion request models is a SamplingParams name (applied, or refused unless a no-op) or one of
+    spcli.config.request_names' (read, ignored as no generation parameter, or refused): a new one fails here."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    from spcli.config.request_names import IGNORED, READ, REFUSED
+
+    known = {*SAMPLING_PARAMS, *READ, *IGNORED, *REFUSED}
+    names = {*ChatCompletionRequest.model_fields, *CompletionRequest.model_fields}
+    assert sorted(names - known) == []
+    for name in REFUSED:  # vLLM's default for a name it has is one of spcli's no-op values
+        field = ChatCompletionRequest.model_fields.get(name) or CompletionRequest.model_fields.get(name)
+        if field is not None and field.default is not None and name != "add_special_tokens":  # per endpoint: refused
+            assert field.default in REFUSED[name][0], name
+
+
 def test_penalties_and_a_stop_string_give_the_same_tokens_on_both_engines(runner, hf_model, tokenizer):
     (plain,) = runner.generate([request(tokenizer)])
     stop = tokenizer.decode(plain.token_ids[5:6]).strip()

@@ -75,6 +75,7 @@ def records() -> list[dict]:
         {"id": "top-k-1", "prompt": PROMPT, "temperature": 1.0, "top_k": 1},
         {"id": "unapplied", "prompt": PROMPT, "min_tokens": 3, "n": 1},
         {"id": "repeats", "prompt": PROMPT, "frequency_penalty": -2.0},
+        {"id": "best-of", "prompt": PROMPT, "best_of": 2, "user": "u1"},  # an OpenAI name: refused, not data
     ]
 
 
@@ -106,6 +107,10 @@ def test_each_record_s_own_settings_are_applied_and_stored_in_its_row(rows):
                           "apply (it applies temperature, max_tokens, seed, top_p, top_k, min_p, presence_penalty, "
                           "frequency_penalty, repetition_penalty, stop); remove it from the record"), error
     assert rows["unapplied"]["output"] is None
+    best_of = rows["best-of"]["error"]  # issue 59: it was read as data and ignored
+    assert best_of.endswith("in.jsonl:line 7: field 'best_of' (2; one output per record) is a generation parameter "
+                            "--engine hf does not apply (it applies temperature, max_tokens, seed, top_p, top_k, min_p, "
+                            "presence_penalty, frequency_penalty, repetition_penalty, stop); remove it from the record")
 
 
 def test_parquet_columns_and_a_stop_string(rows, tiny_dir, tmp_path):

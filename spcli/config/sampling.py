@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from spcli.config.request_names import REFUSED
+
 APPLIED = ("temperature", "max_tokens", "seed", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
            "repetition_penalty", "stop")
 # vLLM 0.32's SamplingParams fields (tests/test_engines_vllm_sampling.py checks the list against vLLM's own)
@@ -38,7 +40,7 @@ NO_OP = {"n": (1,), "ignore_eos": (False,), "min_tokens": (0,), "detokenize": (T
          "bad_words": ([],), "logit_bias": ({},), "allowed_token_ids": ([],), "logprobs": (0, False),
          "prompt_logprobs": (0, False)}
 WHY = {"n": "one output per record", "logprobs": "logprobs are set for the whole run: spcli run --logprobs N",
-       "top_logprobs": "logprobs are set for the whole run: spcli run --logprobs N"}
+       **{name: why for name, (_, why) in REFUSED.items()}}  # the OpenAI and vLLM request names refused
 MAX_SEED = 1 << 63
 VLLM_MAX_TEMPERATURE = 2.0  # vLLM 0.32 refuses a higher one (SamplingParams._verify_args): an error row there
 

@@ -5,7 +5,10 @@ Applied: max_tokens (an OpenAI body's max_completion_tokens too), temperature, s
 presence_penalty, frequency_penalty, repetition_penalty, stop; each overrides the job's flag for its record, and a
 bad value is an error naming the field. Any other SamplingParams name that holds a value (not null, not its no-op)
 is kept in `Record.unapplied`: the record becomes an error row naming it and the engine (spcli.stages.prepare), never
-a row generated without it. Fields of other names are data (`spcli run --pass-through`).
+a row generated without it; so is any OpenAI or vLLM request name spcli does not apply (best_of, response_format,
+guided_*, truncate_prompt_tokens, ...: spcli.config.request_names.REFUSED; a few everyday names such as tools only
+in an OpenAI body, data in a plain record). A plain record's max_completion_tokens
+is its max_tokens, as a body's. Fields of other names are data (`spcli run --pass-through`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from spcli.config import sampling
+from spcli.config import request_names, sampling
 from spcli.errors import RecordError
 
 UNAPPLIED_NAMES = tuple(n for n in sampling.SAMPLING_PARAMS if n not in sampling.APPLIED)  # max_tokens: applied
@@ -46,4 +49,9 @@ def read_params(src: dict, rec, prefix: str = "") -> None:
         own[name] = value
     rec.seed = own.pop("seed", None)
     rec.sampling = own
-    rec.unapplied = tuple((prefix + n, src[n]) for n in UNAPPLIED_NAMES if n in src and not sampling.is_no_op(n, src[n]))
+    if not prefix and src.get("max_completion_tokens") is not None:  # OpenAI's newer name, as in a body
+        rec.max_tokens = number(src, "max_completion_tokens", int, 1, 1 << 20, "max_completion_tokens")
+    rec.unapplied = (
+        tuple((prefix + n, src[n]) for n in UNAPPLIED_NAMES if n in src and not sampling.is_no_op(n, src[n]))
+        + tuple((prefix + n, src[n]) for n in request_names.refused_names(bool(prefix))
+                if n in src and not request_names.is_no_op(n, src[n])))
