@@ -110,18 +110,24 @@ def test_the_same_shard_in_three_orders_gives_the_same_rows_and_an_error_row_lea
             in " ".join(output.split()))
     res = CliRunner().invoke(app, ["inspect", str(tmp_path / "shuffled")])
     assert res.exit_code == 0, res.output
-    assert "groups: 3 (8 rows) pruned together, 0 (0 rows) prefilled whole; 0 rows alone" in " ".join(res.output.split())
+    assert "groups 3 (8 rows) pruned together, 0 (0 rows) prefilled whole; 0 rows alone" in " ".join(res.output.split())
 
 
 def test_a_short_document_with_long_rows_is_one_group_prefilled_whole(tmp_path, tiny_dir, write_jsonl):
     doc = "A short note about the weather."
-    rows = [{"id": f"q{i}", "prompt": doc, "question": " ".join(["and what did the note say about day", str(i)] * 6)}
+    rows = [{"id": f"q{i}", "prompt": doc, "question": ["Why", "How", "When"][i] + " did the note say what it said about the weather" * 4}
             for i in range(3)]
-    got, output = _run(tmp_path, tiny_dir, write_jsonl(rows), "short", "--min-tokens", "24")
+    got, output = _run(tmp_path, tiny_dir, write_jsonl(rows), "short", "--min-tokens", "60")
     assert all(r["group"] == "q0" and r["group_size"] == 3 for r in got.values())
     assert all(r["num_kept_tokens"] == r["num_prompt_tokens"] for r in got.values())  # whole, not scored alone
     assert all(r["speculate_s"] == 0 for r in got.values()) if "speculate_s" in got["q0"] else True
     assert "1 groups (3 rows) prefilled whole (short 1)" in " ".join(output.split())
+    assert "tokens prefilled whole, speculator 0.0 s" in output and "scored 0 tokens" in output
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "short")])
+    assert "groups 0 (0 rows) pruned together, 1 (3 rows) prefilled whole (short 1); 0 rows alone (one question" \
+        not in " ".join(res.output.split())
+    assert "groups 0 (0 rows) pruned together, 1 (3 rows) prefilled whole (short 1); 0 rows alone" in " ".join(
+        res.output.split())
 
 
 def test_a_directory_of_the_consecutive_rule_resumes_with_it(tmp_path, tiny_dir, write_jsonl):

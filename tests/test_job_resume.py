@@ -411,7 +411,7 @@ def test_rerun_of_a_finished_directory_and_a_resumed_run_say_where_they_stand(tm
         run(config(src, out, tiny_dir), StopAfter(1))
     code, out_text, err = cli(argv(src, out, tiny_dir, "--keep", "0.3"), capsys)
     assert code == 0, err
-    assert f"INFO resuming: 2 of 6 rows done, shard {src} at row 2\n" in err
+    assert f"INFO resuming: 2 of 6 rows done, shard {src} at record 2 of its group order (--groups shard)\n" in err
     rows = read_outputs(out)
     total = (sum(r["num_prompt_tokens"] for r in rows), sum(r["num_kept_tokens"] for r in rows))
     late = (sum(r["num_prompt_tokens"] for r in rows[2:]), sum(r["num_kept_tokens"] for r in rows[2:]))

@@ -37,6 +37,48 @@ class ConfigPart:
 
 
 @dataclass
+class Sharing:
+    """What document groups shared (the rows' group columns), and why not, as the runs' ends counted it (manifests)."""
+
+    groups_together: int  # groups pruned together
+    rows_together: int
+    groups_whole: int  # groups prefilled whole (the document once)
+    rows_whole: int
+    rows_alone: int  # rows without error in no group
+    why: dict[str, int] = field(default_factory=dict)  # "groups whole: short", "rows alone: ...": spcli.stages.share.SHARING
+
+    def lines(self) -> list[str]:
+        whole = ", ".join(f"{k.split(': ', 1)[1]} {v}" for k, v in sorted(self.why.items()) if k.startswith("groups whole"))
+        alone = ", ".join(f"{k.split(': ', 1)[1]} {v}" for k, v in sorted(self.why.items()) if k.startswith("rows alone"))
+        return [f"{self.groups_together} ({self.rows_together} rows) pruned together, {self.groups_whole} "
+                f"({self.rows_whole} rows) prefilled whole" + (f" ({whole})" if whole else "")
+                + f"; {self.rows_alone} rows alone" + (f" ({alone})" if alone else "")]
+
+
+def sharing(run: RunOutputs) -> Sharing | None:
+    """The document groups of a run's rows (None where its rows have no group column: made before groups)."""
+    if "group" not in run.columns or (run.config or {}).get("groups") == "off":
+        return None
+    t = run.table(["group", "num_prompt_tokens", "num_kept_tokens", "error"])
+    ok = [e is None for e in t.column("error").to_pylist()]
+    together: set[str] = set()
+    whole: set[str] = set()
+    rows = Counter()
+    for g, n, k, good in zip(t.column("group").to_pylist(), t.column("num_prompt_tokens").to_pylist(),
+                             t.column("num_kept_tokens").to_pylist(), ok):
+        if not good:
+            continue
+        kind = "alone" if g is None else ("together" if k < n else "whole")
+        rows[kind] += 1
+        if g is not None:
+            (together if kind == "together" else whole).add(g)
+    why = Counter()
+    for doc in run.manifests:
+        why.update({k: v for k, v in (doc.get("sharing") or {}).items() if k.startswith(("groups whole", "rows alone"))})
+    return Sharing(len(together), rows["together"], len(whole - together), rows["whole"], rows["alone"], dict(why))
+
+
+@dataclass
 class Summary:
     out: str
     is_finished: bool
@@ -60,6 +102,7 @@ class Summary:
     config: dict = field(default_factory=dict)  # model, speculator, keep, lookahead, chunk, pool, ...
     errors: list[ErrorGroup] = field(default_factory=list)  # most frequent first
     configs: list[ConfigPart] = field(default_factory=list)  # every configuration that made parts, oldest first
+    sharing: Sharing | None = None  # document groups (None: rows made before groups)
 
     @property
     def keep_by_tokens(self) -> float | None:
@@ -266,5 +309,5 @@ def summarize(run: RunOutputs, baseline: RunOutputs | None = None) -> Summary:
         prefill_s=prefill_s, is_prefill_estimated=is_estimated, full_prefill=full,
         wall_s=max((m.get("wall_s", 0.0) for m in run.manifests), default=0.0),
         config=resolved_config(run.config, run.fingerprint_fields),
-        errors=group_errors([e for e in error if e is not None]), configs=config_parts(run),
+        errors=group_errors([e for e in error if e is not None]), configs=config_parts(run), sharing=sharing(run),
     )

@@ -148,6 +148,9 @@ def summary_renderable(s: Summary) -> Table:
     if q:
         t.add_row("", f"by rows: mean {pct(s.keep_mean)}, " + ", ".join(f"{k} {pct(v)}" for k, v in q.items()))
         t.add_row("", keep_histogram(s.keep_histogram))
+    if s.sharing is not None:
+        for i, line in enumerate(s.sharing.lines()):
+            t.add_row("groups" if i == 0 else "", Text(line))
     if s.ttft_quantiles:
         t.add_row("TTFT", ", ".join(f"{k} {v:.3f} s" for k, v in s.ttft_quantiles.items()))
     rate = "-" if s.prompt_tokens_per_s is None else f"{s.prompt_tokens_per_s:.0f}"

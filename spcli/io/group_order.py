@@ -86,8 +86,8 @@ class Order:
         return len(self.starts) - 1
 
 
-def digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=8).digest()
+def digest(data: bytes, kind: bytes = b"") -> bytes:
+    return hashlib.blake2b(data, digest_size=8, person=kind).digest()
 
 
 def _text(value: str) -> bytes:
@@ -102,13 +102,13 @@ def key_digest(obj, prompt_field: str, messages_field: str, group_field: str | N
         obj, prompt_field, messages_field = obj["body"], "prompt", "messages"
     if group_field is not None:
         value = obj.get(group_field)
-        return None if value is None else digest(b"f" + _text(str(value)))
+        return None if value is None else digest(_text(str(value)), b"field")
     prompt = obj.get(prompt_field)
     if isinstance(prompt, str):
-        return digest(b"t" + _text(prompt))
+        return digest(_text(prompt), b"text")
     messages = obj.get(messages_field)
     if isinstance(messages, list) and len(messages) > 1:
-        return digest(b"m" + json.dumps(messages[:-1], sort_keys=True).encode())
+        return digest(json.dumps(messages[:-1], sort_keys=True).encode(), b"messages")
     return None
 
 
@@ -149,8 +149,10 @@ def scan(shard: Shard, fields: FieldConfig, limit: int) -> Scan:
 def _scan_jsonl(shard: Shard, fields: FieldConfig, limit: int, kind: str) -> Scan:
     out = _Arrays(jsonl=kind == "jsonl")
     stop = shard.rows[1] if shard.rows is not None else None
-    group = fields.group
-    loads = orjson.loads
+    fast = _FastKey(fields)
+    rows, keys, has, own = out.rows, out.keys, out.has, out.own
+    offsets, lengths = out.offsets, out.lengths
+    crc = zlib.crc32
     with (gzip.open if kind == "jsonl.gz" else open)(shard.path, "rb") as f:
         row, pos = 0, 0
         if shard.offset and kind == "jsonl":
@@ -168,26 +170,57 @@ def _scan_jsonl(shard: Shard, fields: FieldConfig, limit: int, kind: str) -> Sca
                 if row >= first:
                     out.over_long[row] = size
                     out.add(row, None, digest(line[:ID_SCAN_BYTES]))
-                    if out.offsets is not None:
-                        out.offsets.append(start)
-                        out.lengths.append(min(ID_SCAN_BYTES, pos - start))
+                    if offsets is not None:
+                        offsets.append(start)
+                        lengths.append(min(ID_SCAN_BYTES, pos - start))
                 row += 1
                 continue
             text = line.strip()
             if row >= first and text:
                 if row == 0 and text.startswith(UTF8_BOM):
                     text = text[len(UTF8_BOM):].strip()
-                try:
-                    obj = loads(text)
-                except orjson.JSONDecodeError:
-                    obj = None  # an error row (or a lone surrogate: read.line_record says which), alone
-                key = key_digest(obj, fields.prompt, fields.messages, group) if type(obj) is dict else None
-                out.add(row, key, digest(text))
-                if out.offsets is not None:
-                    out.offsets.append(start)
-                    out.lengths.append(len(line))
+                key = fast(text)
+                rows.append(row)
+                keys += key or bytes(8)
+                has.append(key is not None)
+                own += crc(text).to_bytes(8, "little")  # orders a group's members (ties: rows, of equal lines)
+                if offsets is not None:
+                    offsets.append(start)
+                    lengths.append(len(line))
             row += 1
     return out.scan()
+
+
+class _FastKey:
+    """A JSONL line's group key digest. Where the line names the prompt field once, names no messages, custom_id or
+    --group-field, and its value is a string without escapes, the digest of the value's bytes as they stand (which are
+    then its UTF-8 text: what the full parse digests); otherwise the line is parsed (key_digest). A line the fast way
+    reads wrongly (its one match is inside a nested object) has no such field at its top level, so is an error row
+    or a messages record: its group (where find_groups leaves error rows out, and whose common prefix it checks)
+    is all it can change."""
+
+    def __init__(self, fields: FieldConfig):
+        self.fields = fields
+        self.name = b'"' + fields.prompt.encode() + b'"'
+        self.others = [b'"' + n.encode() + b'"' for n in (fields.messages, "custom_id")]
+        self.is_fast = fields.group is None
+
+    def __call__(self, text: bytes) -> bytes | None:
+        name = self.name
+        if self.is_fast and text.count(name) == 1 and self.others[0] not in text and self.others[1] not in text:
+            at = text.find(name) + len(name)
+            i = text.find(b'"', at)  # the value's opening quote, after the colon
+            if i > 0 and text[at:i].strip() == b":":
+                end = text.find(b'"', i + 1)
+                value = text[i + 1:end]
+                if end > 0 and 92 not in value:  # no backslash: its bytes are its UTF-8 text
+                    return hashlib.blake2b(value, digest_size=8, person=b"text").digest()
+        try:
+            obj = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return None  # an error row (or a lone surrogate: read.line_record says which), alone
+        f = self.fields
+        return key_digest(obj, f.prompt, f.messages, f.group) if type(obj) is dict else None
 
 
 def _scan_parquet(shard: Shard, fields: FieldConfig) -> Scan:

@@ -121,6 +121,7 @@ class Manifest:
     wall_s: float = 0.0
     finished: bool = False
     configs: list[dict] = field(default_factory=list)  # config_entry()s, oldest first; the last is `config`
+    sharing: dict = field(default_factory=dict)  # what document groups did, summed over the runs' ends (job.batch.row_notes)
 
     def __post_init__(self) -> None:
         if not self.configs:
@@ -183,6 +184,8 @@ class Manifest:
             "summary": self.totals(), "configs": self.configs,
             "shards": {str(i): p.to_doc() for i, p in sorted(self.shards.items())},
         }
+        if self.sharing:
+            doc["sharing"] = self.sharing
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2)
 
     def save(self) -> None:
@@ -195,7 +198,7 @@ class Manifest:
             shards = {int(i): ShardProgress.from_doc(p) for i, p in doc["shards"].items()}
             return cls(path, doc["config"], doc["fingerprint_fields"], shards, doc.get("task"),
                        doc.get("started", time.time()), doc.get("wall_s", 0.0), doc.get("finished", False),
-                       list(doc.get("configs") or []))
+                       list(doc.get("configs") or []), dict(doc.get("sharing") or {}))
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise OutputError(f"{path}: manifest is unreadable ({type(e).__name__}: {e}); rerun with --fresh to start over") from e
 

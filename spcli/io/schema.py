@@ -30,6 +30,11 @@ class RowResult:
     group: str | None = None  # the document group whose kept prefix this row shares (its first record's id), if any
     group_size: int | None = None  # that group's records (spcli.stages.share)
     sampling: dict | None = None  # the settings it was generated with, where not greedy and plain: SAMPLING below
+    # not written (the progress line's numbers): its group's shared prefix and the kept positions in it, and whether it
+    # is the group's first member (which counts the document once)
+    shared_len: int = 0
+    shared_kept: int = 0
+    leads: bool = False
 
     @property
     def keep_rate(self) -> float | None:

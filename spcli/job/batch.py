@@ -58,6 +58,7 @@ def output_row(rec: Record, shard_paths: dict[int, str], req: PrunedRequest, gen
         custom_id=rec.custom_id, endpoint=rec.endpoint,
         logprobs=logprob_rows(gen, tokenizer) if tokenizer is not None else None,
         group=req.group, group_size=req.group_size if req.group is not None else None,
+        shared_len=req.shared_len if req.group is not None else 0, shared_kept=req.shared_kept, leads=req.leads,
         sampling=describe(req.temperature, req.seed, req.sampling),
     )
 

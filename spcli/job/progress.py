@@ -121,16 +121,24 @@ class FailedRows:
 def batch_line(rows: list[RowResult]) -> tuple[str, dict]:
     """The per-batch INFO message and its numbers. prefill_s is per batch (the same on each row)."""
     ok = [r for r in rows if r.error is None]
-    scored = sum(r.num_prompt_tokens for r in ok)
-    kept = sum(r.num_kept_tokens for r in ok)
+    # a group's document counts once: its other members add only their own tokens (and kept positions) after it
+    own = lambda r, n, shared: n - (shared if r.group is not None and not r.leads else 0)
+    is_scored = lambda r: r.speculate_s > 0 or r.num_kept_tokens < r.num_prompt_tokens
+    scored_rows = [r for r in ok if is_scored(r)]
+    whole = sum(own(r, r.num_prompt_tokens, r.shared_len) for r in ok if not is_scored(r))
+    scored = sum(own(r, r.num_prompt_tokens, r.shared_len) for r in scored_rows)
+    kept = sum(own(r, r.num_kept_tokens, r.shared_kept) for r in scored_rows)
     speculate_s = sum(r.speculate_s for r in ok)
     prefill_s = batch_prefill_s(rows)
     failed = len(rows) - len(ok)
     rate = 100.0 * kept / scored if scored else 0.0
-    msg = f"scored {scored} tokens, kept {kept} ({keep_pct(kept, scored)}), speculator {speculate_s:.1f} s, base {prefill_s:.1f} s"
+    msg = f"scored {scored} tokens, kept {kept} ({keep_pct(kept, scored)})"
+    msg += (f", {whole} tokens prefilled whole" if whole else "") + f", speculator {speculate_s:.1f} s, base {prefill_s:.1f} s"
     msg += f"; {len(rows)} row{'' if len(rows) == 1 else 's'}" + (f", {failed} failed" if failed else "")
     fields = {"event": "batch", "rows": len(rows), "failed": failed, "prompt_tokens": scored, "kept_tokens": kept,
               "kept_pct": round(rate, 2), "speculate_s": round(speculate_s, 4), "prefill_s": round(prefill_s, 4)}
+    if whole:
+        fields["whole_tokens"] = whole
     return msg, fields
 
 

@@ -209,6 +209,9 @@ def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shard
             log.warning("%s: no records", shard.key)
     if (line := sharing_line(notes, cfg)) is not None:
         log.info("%s", line)
+        for key, count in notes.items():  # for spcli inspect's summary
+            if key.startswith(("rows ", "groups ")) and count:
+                manifest.sharing[key] = manifest.sharing.get(key, 0) + count
     for warning in note_warnings(notes, progress.rows - progress.failed, cfg.select):
         log.warning("%s", warning)
     committer.save(finished=True)

@@ -1,0 +1,116 @@
+"""What --groups shard's first pass costs (issue 57): its time against plain reading of the shard, and its memory.
+
+    flock /tmp/spcli-timing.lock .venv/bin/python benches/group_order.py [--records 1000000] [--questions 4]
+        [--repeat 3] [--keep FILE]
+
+Writes a JSONL shard of N short records (D = N / Q documents of ~40 words, Q questions each, in random order:
+{"id", "doc_id", "prompt", "question"}), then times, alternating, --repeat times each (best of the repeats):
+
+    read     plain reading: every record parsed into a Record (spcli.io.read.read_records, what `spcli run` reads
+             with --groups consecutive or off)
+    scan     the first pass alone (spcli.io.group_order.scan + order: key digests, processing order)
+    ordered  reading in the group order, first pass included (read_in_order: what `spcli run` reads by default)
+
+and prints scan / read (the first pass's overhead) and ordered / read - 1 (what reading in group order adds in all),
+with the first pass's arrays in bytes per record and its peak of traced Python memory (tracemalloc, in a separate
+untimed pass). No model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from spcli.config.run import GROUP_MAX, FieldConfig  # noqa: E402
+from spcli.io.group_order import order, read_in_order, scan  # noqa: E402
+from spcli.io.read import read_records  # noqa: E402
+from spcli.io.shards import Shard  # noqa: E402
+
+FIELDS = FieldConfig(instruction="question")
+LIMIT = 8 << 20
+
+
+def write_shard(path: Path, records: int, questions: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(500)]
+    docs = records // questions
+    rows = [(d, q) for d in range(docs) for q in range(questions)]
+    rng.shuffle(rows)
+    texts = {}
+    with open(path, "w") as f:
+        for d, q in rows:
+            if d not in texts:
+                texts[d] = " ".join(rng.choice(words) for _ in range(40))
+            f.write(json.dumps({"id": f"d{d}q{q}", "doc_id": f"d{d}", "prompt": texts[d],
+                                "question": f"what is word {q} of the note?"}) + "\n")
+
+
+def time_read(shard: Shard) -> float:
+    t0 = time.perf_counter()
+    n = sum(1 for _ in read_records(shard, FIELDS, 0, LIMIT))
+    assert n
+    return time.perf_counter() - t0
+
+
+def time_scan(shard: Shard) -> float:
+    t0 = time.perf_counter()
+    order(scan(shard, FIELDS, LIMIT), GROUP_MAX)
+    return time.perf_counter() - t0
+
+
+def time_ordered(shard: Shard) -> float:
+    t0 = time.perf_counter()
+    n = sum(1 for _ in read_in_order(shard, FIELDS, 0, LIMIT, GROUP_MAX))
+    assert n
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--questions", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", type=Path, help="write the shard here (default: a temporary directory)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.keep or Path(tmp) / "short.jsonl"
+        if not path.exists():
+            write_shard(path, args.records, args.questions)
+        shard = Shard(0, str(path), "short")
+        times = {"read": [], "scan": [], "ordered": []}
+        for _ in range(args.repeat):
+            times["read"].append(time_read(shard))
+            times["scan"].append(time_scan(shard))
+            times["ordered"].append(time_ordered(shard))
+        best = {k: min(v) for k, v in times.items()}
+        tracemalloc.start()
+        s = scan(shard, FIELDS, LIMIT)
+        o = order(s, GROUP_MAX)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        n = len(s.rows)
+        result = {
+            "records": n, "documents": o.documents, "groups": o.num_groups, "bytes": path.stat().st_size,
+            "seconds": {k: round(v, 3) for k, v in best.items()}, "all_seconds": times,
+            "scan_over_read": round(best["scan"] / best["read"], 4),
+            "ordered_over_read_minus_1": round(best["ordered"] / best["read"] - 1, 4),
+            "scan_bytes_per_record": round(s.nbytes / n, 1), "order_bytes_per_record": round(o.nbytes / n, 1),
+            "scan_peak_mb": round(peak / 1e6, 1), "scan_peak_bytes_per_record": round(peak / n, 1),
+        }
+        print(json.dumps(result, indent=1))
+        print(f"first pass {best['scan']:.2f} s = {100 * result['scan_over_read']:.1f}% of plain reading "
+              f"({best['read']:.2f} s); reading in group order, first pass included: "
+              f"{100 * result['ordered_over_read_minus_1']:+.1f}%; memory {result['scan_peak_mb']} MB peak "
+              f"({result['scan_peak_bytes_per_record']} B per record)")
+
+
+if __name__ == "__main__":
+    main()
