@@ -15,7 +15,9 @@ from spcli.models.device import nvml_device_checks
 
 app = typer.Typer(
     help="Offline bulk LLM prefill with Speculative Prefill (arXiv:2502.02789).\n\n"
-    "Exit codes: 0 done, 1 internal error, 2 bad input or configuration, 75 interrupted (resumable: run again).",
+    "Exit codes: 0 done, 1 internal error, 2 bad input or configuration, 65 done with error rows (run "
+    "--fail-on-error), 75 interrupted (resumable: run again), 130 Ctrl-C; spcli status: 0 done, 3 not done yet, "
+    "4 failed.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -148,6 +150,7 @@ def run(
     fresh: Annotated[bool, typer.Option(help="Start over: delete this directory's outputs (default: resume).")] = False,
     force: Annotated[bool, typer.Option(help="Append to a directory whose configuration differs.")] = False,
     retry_failed: Annotated[bool, typer.Option(help="Redo the committed error rows first, each replacing its old row (a record still bad stays an error row); then resume.")] = False,
+    fail_on_error: Annotated[bool, typer.Option(help="Exit 65 instead of 0 when the finished directory holds error rows (every row is still written; for batch pipelines).")] = False,
     tp: Annotated[Optional[int], typer.Option(help="vllm: tensor-parallel size. Default: the model's.")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="vllm: the base's longest request (kept + generated tokens). Default: the model's.")] = None,
     max_prompt_len: Annotated[Optional[int], typer.Option(help="vllm: the speculator's longest prompt (tokens before pruning); sizes its GPU reserve (spcli plan); longer prompts become error rows. Default: the base's positions, or the longest whose reserve leaves vLLM one --max-model-len request (spcli plan).")] = None,
@@ -164,11 +167,11 @@ def run(
 ) -> None:
     """Run Speculative Prefill over prompt shards; write outputs and kept-token masks to --out.
 
-    Resumes where the last run in --out stopped. SIGTERM, SIGINT and SIGUSR1 commit what is finished and exit 75 (run again to resume); bad records become rows with `error` set.
+    Resumes where the last run in --out stopped. SIGTERM, SIGINT and SIGUSR1 commit what is finished and exit 75 (run again to resume); bad records become rows with `error` set (exit 0, or 65 with --fail-on-error).
     """
-    flags = {k: v for k, v in locals().items() if k not in ("inputs", "out")}  # every other parameter is a RunConfig flag
+    flags = {k: v for k, v in locals().items() if k not in ("inputs", "out", "fail_on_error")}  # the others: RunConfig flags
     from spcli import api
-    from spcli.errors import EXIT_INTERRUPTED, Interrupted
+    from spcli.errors import EXIT_INTERRUPTED, EXIT_ROWS_FAILED, Interrupted
     from spcli.job.progress import Progress
 
     try:
@@ -179,6 +182,8 @@ def run(
         typer.echo(f"spcli: interrupted: {e}", err=True)
         sys.exit(EXIT_INTERRUPTED)  # not typer.Exit: click returns its code under standalone_mode=False
     typer.echo(done_line(s))
+    if fail_on_error and s.failed:
+        sys.exit(EXIT_ROWS_FAILED)
 
 
 def done_line(s) -> str:

@@ -4,7 +4,10 @@ Exit codes (documented in the README, docs/guide/run.md and `spcli --help`):
   0   done: every row written (some rows may carry an `error`)
   1   internal failure (a bug): traceback with --debug
   2   bad input or configuration: one line naming the file, row and field
+  65  `spcli run --fail-on-error`: done, but some rows are error rows (sysexits' EX_DATAERR)
   75  interrupted, resumable (SIGTERM/SIGINT/SIGUSR1): run the same command again
+  130 Ctrl-C outside a run's safe stop (a second Ctrl-C, or a command that is not `run`)
+`spcli status` has its own: 0 done, 3 not done yet (running, waiting, interrupted), 4 failed, 2 not a run directory.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_ROWS_FAILED = 65  # EX_DATAERR: `spcli run --fail-on-error` when any row is an error row
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later"
 
 

@@ -389,3 +389,20 @@ def test_disk_full_on_a_real_small_filesystem(tmp_path, write_jsonl, tiny_dir, c
         assert sorted(r["id"] for r in assert_consistent(out)) == sorted(f"d{i}" for i in range(40))
     finally:
         unmount(mnt)
+
+
+# ------------------------------------------------------------------ a pipeline learns of error rows
+def test_fail_on_error_exits_65_where_rows_failed_and_status_json_counts_them(tmp_path, write_jsonl, tiny_dir, capsys):
+    """Issue 59: a run with failed rows exited 0; a pipeline had to parse the output to know."""
+    src = write_jsonl([{"id": "ok", "prompt": "a perfectly fine prompt"}, {"id": "bad", "prompt": 42}])
+    out = tmp_path / "o"
+    code, stdout, err = cli(run_argv(src, out, tiny_dir), capsys)
+    assert code == 0 and stdout.startswith("done: 2 rows (1 failed: "), err
+    code, stdout, _ = cli(run_argv(src, out, tiny_dir, "--fail-on-error"), capsys)  # the finished directory: same code
+    assert code == 65 and stdout.startswith("nothing to do: 2 rows already done (1 failed: ")
+    code, stdout, _ = cli(["status", str(out), "--json", "--no-slurm"], capsys)
+    status = json.loads(stdout)
+    assert code == 0 and (status["phase"], status["rows"], status["failed_rows"]) == ("done", 2, 1)
+    good = write_jsonl([{"id": "ok", "prompt": "a perfectly fine prompt"}], name="good.jsonl")
+    code, _, err = cli(run_argv(good, tmp_path / "o2", tiny_dir, "--fail-on-error"), capsys)
+    assert code == 0, err

@@ -32,7 +32,7 @@ PANELS: dict[str, str] = {
                      "max_num_batched_tokens", "enforce_eager", "max_num_seqs", "kv_cache_dtype",
                      "speculator_placement", "speculator_overlap", "ray", "ray_workers", "split_rows"), ENGINE),
     **dict.fromkeys(("out", "output_format", "save_scores", "pass_through", "commit_interval", "fresh", "force",
-                     "retry_failed", "quiet", "verbose"), OUTPUT),
+                     "retry_failed", "fail_on_error", "quiet", "verbose"), OUTPUT),
 }
 # a command's own options: one panel of its own, printed first (`seed` there is the tasks' seed, not sampling's)
 COMMAND_PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
