@@ -39,22 +39,42 @@ from pathlib import Path
 
 from job import PLAIN, bind_cpus, code_version, compare, plain_llm_kwargs, spcli_outputs, timed
 
-def make_document(tokenizer, index: int, num_facts: int, length: int, seed: int) -> dict:
+SHAPES = ("sentence", "inline", "long", "bare")  # --shape: how facts sit in the prose (spcli.evaluate.shapes)
+
+
+def make_document(tokenizer, index: int, num_facts: int, length: int, seed: int, shape: str = "sentence") -> dict:
     """Document `index`: ~`length` tokens of essay prose with `num_facts` facts, one in each 1/num_facts of it;
-    {"doc_id", "document", "facts": [(question, answer)]}. The same arguments give the same document."""
+    {"doc_id", "document", "facts": [(question, answer)]}. The same arguments give the same document.
+    shape: sentence, each fact a sentence of its own (needles.short_fact: vault codes and project leaders); inline,
+    long or bare, codes, names and dates in spcli.evaluate.shapes' wordings, set between two words of a running
+    sentence (". " before its lower-case rest), as a clause of a long sentence, or inline in text without sentence
+    punctuation."""
+    from spcli.evaluate import shapes
     from spcli.evaluate.haystack import ADJECTIVES, NOUNS, insert_at_depths
     from spcli.evaluate.needles import FACT_KINDS, INTRO, short_fact
     from spcli.evaluate.tasks import Filler
 
-    rng = random.Random(f"qa-job:{seed}:{index}")
-    things = rng.sample([f"{a} {n}" for a in ADJECTIVES for n in NOUNS], num_facts)
-    facts = [short_fact(FACT_KINDS[i % len(FACT_KINDS)], t, rng) for i, t in enumerate(things)]
+    rng = random.Random(f"qa-job:{seed}:{index}" + ("" if shape == "sentence" else f":{shape}"))
+    if shape == "sentence":
+        things = rng.sample([f"{a} {n}" for a in ADJECTIVES for n in NOUNS], num_facts)
+        facts = [short_fact(FACT_KINDS[i % len(FACT_KINDS)], t, rng) for i, t in enumerate(things)]
+    else:
+        facts = [(f["text"], f["question"], f["value"]) for f in shapes.make_facts(rng, num_facts)]
     depths = [0.05 + 0.9 * (i + rng.uniform(0.2, 0.8)) / num_facts for i in range(num_facts)]
     filler, start = Filler(tokenizer), rng.random()
+    place = {"inline": shapes.inline, "long": shapes.in_long, "bare": shapes.inline}.get(shape)
 
     def build(num_tokens: int) -> str:
         prose = filler.take(random.Random(start), num_tokens)
-        text = " ".join(insert_at_depths(prose, [s for s, _, _ in facts], depths))
+        if place is None:
+            text = " ".join(insert_at_depths(prose, [s for s, _, _ in facts], depths))
+        else:
+            src = random.Random(start)
+            for (fact, _, _), depth in zip(facts, depths):
+                i = min(len(prose) - 1, int(depth * len(prose)))
+                prose[i] = place(prose[i], fact, src)
+            text = " ".join(prose)
+            text = shapes.strip_marks(text) if shape == "bare" else text
         return f"{INTRO}\n\n{text}"
 
     room = length - filler.count(INTRO) - sum(filler.count(s) + 1 for s, _, _ in facts)
@@ -212,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each process; the fastest counts")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shape", default="sentence", choices=SHAPES, help="how facts sit in the prose (make_document)")
     ap.add_argument("--out", default=None, help="a folder for qa_job.json and qa_job.md (e.g. docs/results/qa-job/NAME)")
     ap.add_argument("--plain", nargs=2, metavar=("SHARD", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -225,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     questions = [int(q) for q in args.questions.split(",")]
     assert len(sizes) == 2 and sizes[0] < sizes[1], "--docs takes two sizes"
     tokenizer = load_tokenizer(lookup.locate(args.model))
-    docs = [make_document(tokenizer, d, max(questions), args.length, args.seed) for d in range(sizes[1])]
+    docs = [make_document(tokenizer, d, max(questions), args.length, args.seed, args.shape) for d in range(sizes[1])]
     baseline = Path(args.baseline).resolve() if args.baseline else None
     base_rev = code_version_of(baseline) if baseline else None
     jobs = [(f"spcli {e}", e, None) for e in args.engines.split(",") if e]
@@ -255,7 +276,7 @@ def report(args, sizes, tables, runs, answers, tokenizer, shard: Path, baseline:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     changed = changed_files(Path(__file__).resolve().parents[1])
     head = (f"{args.model}, documents of ~{args.length} tokens (prompts ~{prompt_len} tokens with the template and "
-            f"question), {max(int(q) for q in args.questions.split(','))} facts each, D={sizes[0]} and D={sizes[1]} "
+            f"question), {max(int(q) for q in args.questions.split(','))} facts each ({args.shape}), D={sizes[0]} and D={sizes[1]} "
             f"documents, {args.max_tokens} tokens out, keep {args.keep}, best of {args.repeat}; "
             f"{len(os.sched_getaffinity(0))} CPUs, load average {load}; code {code_version()}"
             + (f" (changed: {', '.join(changed)})" if changed else "")

@@ -131,3 +131,21 @@ def test_main_runs_each_process_per_size_and_repeat_and_saves_the_tables(tmp_pat
     text = (tmp_path / "res" / "qa_job.md").read_text()
     assert "Q=3 questions per document" in text and "best of 2" in text
     assert "| spcli hf | 13.0 | 16.0 | 3.0 | 2.00x | 1.38x | 0/6 | 6/6 | 50% | 6/6 |" in text
+
+
+@pytest.mark.parametrize("shape", ["inline", "long", "bare"])
+def test_facts_of_other_shapes_sit_inside_running_sentences(tokenizer, shape):
+    """--shape inline/long/bare (issue 56's held-out shape and its kin): each fact is inside a sentence of the prose,
+    its answer in the document once; bare has no sentence punctuation left."""
+    doc = qa_job.make_document(tokenizer, 0, 4, 600, 0, shape)
+    assert doc == qa_job.make_document(tokenizer, 0, 4, 600, 0, shape)  # seeded
+    text = doc["document"]
+    for question, answer in doc["facts"]:
+        assert text.count(answer) == 1 and question.endswith("only.")
+        at = text.index(answer) + len(answer)
+        if shape == "inline":
+            assert text[at : at + 2] == ". " and text[at + 2].islower()  # no sentence break for Bling Fire
+        if shape == "long":
+            assert text[at] == ","
+    if shape == "bare":
+        assert not any(c in text.split("\n\n", 1)[1] for c in ";!?") and ". " not in text.split("\n\n", 1)[1]

@@ -324,3 +324,32 @@ def test_sweep_selects_whole_units_as_run_does():
     chunks = sweep_prompt(queries, keys, [NEEDLE], settings, (0.05,), select, whole_facts)
     whole = sweep_prompt(queries, keys, [NEEDLE], settings, (0.05,), select, whole_facts, units={1: units})
     assert chunks[0, 0, 0] == 0.0 and whole[0, 0, 0] == 1.0
+
+
+def test_held_out_tasks_are_reported_not_chosen_on_and_the_choice_is_compared_with_the_current_setting():
+    """--hold-out: a task the choice never saw is measured and printed apart; the model's current setting is
+    compared task by task (issue 56: a preset changes only when no worse on every shape)."""
+    from spcli.calibrate.layers import current_setting
+
+    settings = [Setting(16, 1, 8, "max"), Setting(16, 31, 8, "mean")]
+    # chosen on "a": setting 0 is the cheaper perfect one; held-out "b" says setting 0 is worse there
+    recall = {"a": np.array([[[1.0], [1.0]]]), "b": np.array([[[0.5], [1.0]]])}
+    choice = recommend({"a": recall["a"]}, [0.4], settings, 0.95)
+    assert (choice.pool, choice.worst) == (1, 1.0)
+    cfg = CalibrateConfig(tasks=("niah", "multidoc-qa"), hold_out=("multidoc-qa",), keeps=(0.1,))
+    current = current_setting({"score_layers": "0", "window": 16, "pool": 31, "rows": "mean", "chunk": 8,
+                               "lookahead": 0}, settings)
+    assert current == {"layer": 0, "window": 16, "pool": 31, "rows": "mean", "chunk": 8}
+    results = {"config": cfg.to_dict(), "keeps": [0.1], "tasks": ["a", "b"], "held_out": ["b"], "costs": [0.4],
+               "settings": [dataclasses.asdict(s) for s in settings], "choice": dataclasses.asdict(choice),
+               "grid": report.grid(recall, [0.4], settings, (0.1,), ("b",)), "current": current}
+    assert [e["worst"] for e in results["grid"]] == [1.0, 1.0]  # the held-out task is not in the worst ...
+    assert [e["held_out_worst"] for e in results["grid"]] == [0.5, 1.0]  # ... but beside it
+    text = report.text_table(results)
+    assert "held out (measured, not chosen on): b" in text
+    assert "per task, worst over the keeps: a 1.00 (current 1.00), b (held out) 0.50 (current 1.00)" in text
+    assert "the choice is WORSE on b (held out)" in text
+    assert current_setting({"score_layers": "all", "window": 16, "pool": 31, "rows": "mean", "chunk": 8,
+                            "lookahead": 8}, settings) is None  # the paper's recipe is no grid point
+    with pytest.raises(Exception, match="hold-out"):
+        CalibrateConfig(tasks=("niah",), hold_out=("niah",))

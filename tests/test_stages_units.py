@@ -7,6 +7,7 @@ import math
 import random
 import re
 
+import numpy as np
 import pytest
 import torch
 from tiny_models import ALWAYS_PRUNE
@@ -196,7 +197,7 @@ def test_fingerprint_of_chunk_selection_is_as_before_units():
     old = RunConfig(inputs=("x",), out="y", select=SelectConfig(unit="chunk", min_free=0)).fingerprint_fields()["select"]
     assert not {"unit", "max_unit", "unit_score", "min_free"} & set(old)
     new = RunConfig(inputs=("x",), out="y").fingerprint_fields()["select"]
-    assert new["unit"] == "sentence" and new["min_free"] == 128
+    assert new["unit"] == "clause" and new["min_free"] == 128
 
 
 def test_cross_tokenizer_run_keeps_base_units_whole(tiny_other_dir):
@@ -282,3 +283,83 @@ def test_a_bad_instruction_is_an_error_row_naming_the_field(tmp_path):
     assert "needs a user message" in rec.error
     rec = to_record({"prompt": "text", "todo": "do it"}, shard, 1, "jsonl", FieldConfig(instruction="todo"))
     assert rec.error is None and rec.prompt == "text\n\ndo it" and rec.protected == ("do it",)
+
+
+RUN_ON = ("It was one of those things that happens when you are young and you think you know better than everyone "
+          "around you, the ferry to Halden leaves from pier 436580. and a fool later, instead of just taking the "
+          "advice, I went on. Most people thought that the serial number of the red bicycle is 388478. to dismiss "
+          "an idea is easy; the hard part is to see it. Nobody minded")
+RUN_ON_FACTS = ("the ferry to Halden leaves from pier 436580.", "the serial number of the red bicycle is 388478.")
+
+
+def unit_texts(tok, text: str, unit: str) -> list[str]:
+    enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
+    units = unit_ids(text, enc["offset_mapping"], unit, 8, 32).tolist()
+    spans: dict[int, list[int]] = {}
+    for (a, b), u in zip(enc["offset_mapping"], units):
+        spans.setdefault(u, [a, b])[1] = b
+    return [text[a:b] for a, b in spans.values()]
+
+
+def test_clause_units_keep_a_fact_set_into_running_prose_with_its_subject(smollm2_dir, other_tokenizer_dir):
+    """Issue 56: a fact inserted between two words of a sentence, ending in '. ' before a lower-case word (no
+    sentence end for Bling Fire): unit sentence cut the number from its subject; unit clause keeps each fact
+    inside one unit, under both tokenizers (SmolLM2's digits are single tokens after a lone space)."""
+    for tok in tokenizers(smollm2_dir, other_tokenizer_dir):
+        clause = unit_texts(tok, RUN_ON, "clause")
+        for fact in RUN_ON_FACTS:
+            assert any(fact in u for u in clause), (fact, clause)
+        sentence = unit_texts(tok, RUN_ON, "sentence")
+        assert not all(any(f in u for u in sentence) for f in RUN_ON_FACTS), sentence  # what the issue saw
+        assert any(u.strip() == "to dismiss an idea is easy;" for u in clause), clause  # ';' ends a clause
+
+
+def test_clause_pieces_never_begin_at_a_value_or_the_two_words_before_it():
+    """A long clause without punctuation: pieces never start at a number, a capitalised name or the two words
+    before one (the blank token some tokenizers put before digits goes with them)."""
+    from spcli.stages.units import bound, value_words
+
+    words = "we met on the quay where the ferry to Halden leaves from pier 436580 when Maya Okafor said so".split()
+    text = " ".join(words)
+    offsets, pos = [], 0
+    for w in words:  # a tokenizer that puts the space apart before digits, as SmolLM2's does
+        if w[0].isdigit():
+            offsets += [(pos, pos + 1), (pos + 1, pos + 1 + len(w))]
+        else:
+            offsets.append((pos, pos + 1 + len(w)))
+        pos += 1 + len(w)
+    text = " " + text
+    is_word = word_starts(text, offsets)
+    kinds = value_words(text, offsets, is_word, np.eye(1, len(offsets), 0, dtype=bool)[0])
+    starts = [text[a:b].strip() for (a, b), k in zip(offsets, kinds) if k == 1]
+    assert starts == ["Halden", "436580", "Maya", "Okafor"]
+    banned = {text[a:b].strip() for (a, b), x in zip(offsets, bound(is_word, kinds)) if x}
+    assert banned == {"ferry", "to", "Halden", "leaves", "from", "pier", "", "436580", "when", "Maya", "Okafor"}
+    units = unit_ids(text, offsets, "clause", 2, 12)  # 21 tokens: split into pieces of ~2, none longer than 12
+    firsts = [text[offsets[i][0]:offsets[i][1]].strip() for i in range(len(offsets))
+              if i == 0 or units[i] != units[i - 1]]
+    assert len(firsts) > 3 and not set(firsts) & banned, firsts
+    assert unit_ids(text, offsets, "sentence", 2, 12).unique().numel() > len(firsts)  # words alone: more pieces
+
+
+def test_cut_values_counts_a_value_dropped_right_after_a_kept_word(smollm2_dir):
+    """spcli eval's cut count (issue 56 item 4): a number or name dropped while the word before it was kept is a cut
+    fact; kept with it, or dropped with it, is not."""
+    from spcli.stages.units import cut_values
+
+    tok = tokenizers(smollm2_dir, smollm2_dir)[0]
+    text = "the ferry to Halden leaves from pier 436580 and the rest is filler"
+    enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
+    offsets = enc["offset_mapping"]
+    upto = lambda word: max(i for i, (a, _) in enumerate(offsets) if a < text.index(word) + len(word))
+    is_kept = np.zeros(len(offsets), dtype=bool)
+    is_kept[: upto("pier") + 1] = True  # the subject kept, the number dropped
+    cut = cut_values(text, offsets, is_kept)
+    assert [text[offsets[i][0]:offsets[i][1]].strip() for i in cut] in (["4"], [""], ["436580"])
+    is_kept[: upto("436580") + 1] = True  # the number kept with it
+    assert cut_values(text, offsets, is_kept) == []
+    is_kept[:] = False
+    is_kept[: upto("to") + 1] = True  # the name dropped right after a kept word
+    assert len(cut_values(text, offsets, is_kept)) == 1
+    is_kept[:] = False  # nothing kept: nothing cut
+    assert cut_values(text, offsets, is_kept) == []

@@ -17,6 +17,7 @@ class CalibrateConfig:
     model: str = "smollm2-135m"
     speculator: str | None = None  # None = the model's default speculator; layers are the speculator's
     tasks: tuple[str, ...] = ("niah", "niah-multi", "multidoc-qa")  # built-in, seeded; recall needs their needles
+    hold_out: tuple[str, ...] = ()  # tasks measured and reported but not chosen on (each one of `tasks`)
     lengths: tuple[int, ...] = (2048, 4096)  # target prompt tokens
     samples: int = 8  # examples per task and length
     keeps: tuple[float, ...] = (0.1, 0.2)  # the target must hold at every one
@@ -38,6 +39,8 @@ class CalibrateConfig:
         check(bool(self.tasks), "--tasks needs at least one built-in task")
         for t in self.tasks:
             check(t in TASKS, f"unknown task {t!r}: use one of {', '.join(TASKS)}")
+        check(all(t in self.tasks for t in self.hold_out), f"--hold-out {self.hold_out}: each must be one of --tasks {self.tasks}")
+        check(len(set(self.hold_out)) < len(set(self.tasks)), "--hold-out leaves no task to choose on")
         check(bool(self.lengths) and all(256 <= n <= 32768 for n in self.lengths),
                f"--lengths must be in [256, 32768] tokens, got {self.lengths}")
         check(self.samples >= 1, f"--samples must be >= 1, got {self.samples}")

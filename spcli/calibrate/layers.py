@@ -155,6 +155,16 @@ def recommend(recall: dict[str, np.ndarray], costs: list[float], settings: list[
                   max_cost)
 
 
+def current_setting(defaults: dict, settings: list[Setting]) -> dict | None:
+    """The model's scoring today (its profile or preset: `defaults`) as a grid key {layer, window, pool, rows, chunk},
+    where it scores one layer without look-ahead and the sweep holds its setting; else None."""
+    layers = str(defaults.get("score_layers"))
+    if defaults.get("lookahead") or not layers.isdigit():
+        return None
+    s = Setting(int(defaults["window"]), int(defaults["pool"]), int(defaults["chunk"]), defaults.get("rows") or "mean")
+    return {"layer": int(layers), **dataclasses.asdict(s)} if s in settings else None
+
+
 def run_flags(cfg: CalibrateConfig, choice: Choice) -> str:
     """The `spcli run` flags that score as the choice does (early exit at its layer, no look-ahead)."""
     flags = [f"--model {cfg.model}"] + ([f"--speculator {cfg.speculator}"] if cfg.speculator else [])
@@ -272,12 +282,18 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     if not recall:
         raise SpcliError("no prompt had a fact whose tokens could be located; use tasks with needles (niah, niah-multi, multidoc-qa)")
     costs = np.median(np.array(fractions), axis=0).tolist()  # per layer; monotone like each pass's marks
-    choice = recommend(recall, costs, settings, cfg.target_recall, cfg.max_cost)
+    chosen_on = {t: r for t, r in recall.items() if t not in cfg.hold_out}
+    if not chosen_on:
+        raise SpcliError(f"no task left to choose on: the tasks not held out ({', '.join(t for t in cfg.tasks if t not in cfg.hold_out)}) "
+                         "had no fact whose tokens could be located")
+    choice = recommend(chosen_on, costs, settings, cfg.target_recall, cfg.max_cost)
+    current = current_setting(defaults, settings)
     results = {
         "config": cfg.to_dict(), "model_path": str(m.path), "speculator": m.speculator_name, "scoring": m.scoring,
         "num_layers": num_layers,
         "costs": costs, "settings": [dataclasses.asdict(s) for s in settings], "keeps": list(cfg.keeps),
-        "tasks": list(recall), "grid": report.grid(recall, costs, settings, cfg.keeps),
+        "tasks": list(recall), "held_out": [t for t in recall if t in cfg.hold_out],
+        "grid": report.grid(recall, costs, settings, cfg.keeps, cfg.hold_out), "current": current,
         "choice": dataclasses.asdict(choice), "run_flags": run_flags(cfg, choice),
         "paper": {"recall": {t: dict(zip(map(str, cfg.keeps), np.nanmean(np.array(v), axis=0).tolist()))
                              for t, v in paper.items() if v},

@@ -32,17 +32,46 @@ def cell(recall: dict[str, np.ndarray], layer: int, i: int, keeps: tuple[float, 
     return {t: {str(keep): float(r[layer, i, k]) for k, keep in enumerate(keeps)} for t, r in recall.items()}
 
 
-def grid(recall: dict[str, np.ndarray], costs: list[float], settings: list, keeps: tuple[float, ...]) -> list[dict]:
-    """One entry per (layer, setting), layers outer: recall per task and keep, the worst of them, the layer's cost."""
+def grid(recall: dict[str, np.ndarray], costs: list[float], settings: list, keeps: tuple[float, ...],
+         hold_out: tuple[str, ...] = ()) -> list[dict]:
+    """One entry per (layer, setting), layers outer: recall per task and keep, the worst and mean of the tasks chosen on
+    (all but `hold_out`), the worst of the held-out ones (`held_out_worst`), the layer's cost."""
     out = []
     for layer, cost in enumerate(costs):
         for i, s in enumerate(settings):
             c = cell(recall, layer, i, keeps)
-            worst = min((v for per_keep in c.values() for v in per_keep.values() if not math.isnan(v)), default=math.nan)
-            mean = float(np.nanmean([v for per_keep in c.values() for v in per_keep.values()] or [math.nan]))
+            on = [v for t, per_keep in c.items() if t not in hold_out for v in per_keep.values()]
+            held = [v for t, per_keep in c.items() if t in hold_out for v in per_keep.values() if not math.isnan(v)]
+            worst = min((v for v in on if not math.isnan(v)), default=math.nan)
+            mean = float(np.nanmean(on or [math.nan]))
             out.append({"layer": layer, "window": s.window, "pool": s.pool, "rows": s.rows, "chunk": s.chunk, "cost": cost,
-                        "recall": c, "worst": worst, "mean": mean})
+                        "recall": c, "worst": worst, "mean": mean, "held_out_worst": min(held, default=math.nan)})
     return out
+
+
+def task_worst(entry: dict) -> dict[str, float]:
+    """{task: its lowest recall over the keeps} of one grid entry."""
+    return {t: min((v for v in per_keep.values() if not math.isnan(v)), default=math.nan) for t, per_keep in entry["recall"].items()}
+
+
+def against_current(results: dict) -> list[str]:
+    """Lines: each task's worst recall at the choice and at the model's current setting (held-out tasks marked), and
+    whether the choice is no worse on every task: the rule a preset changes by (issue 56)."""
+    choice, current, held = results["choice"], results.get("current"), set(results.get("held_out", ()))
+    entry = next(e for e in results["grid"] if _key(e) == _key(choice))
+    now = None if current is None else next((e for e in results["grid"] if _key(e) == _key(current)), None)
+    name = lambda t: f"{t} (held out)" if t in held else t
+    lines = ["per task, worst over the keeps: " + ", ".join(
+        f"{name(t)} {_num(v)}" + ("" if now is None else f" (current {_num(task_worst(now)[t])})")
+        for t, v in task_worst(entry).items())]
+    if now is None:
+        lines.append("current setting: not in this sweep (sweep its window, pool, rows and chunk to compare)")
+    else:
+        worse = [t for t, v in task_worst(entry).items() if v < task_worst(now)[t]]
+        lines.append(f"current setting: layer {now['layer']}, window {now['window']}, pool {now['pool']}, rows {now['rows']}, "
+                     f"chunk {now['chunk']} (cost {now['cost']:.2f}); the choice is "
+                     + ("no worse on every task" if not worse else "WORSE on " + ", ".join(name(t) for t in worse)))
+    return lines
 
 
 def _rank(e: dict) -> tuple:
@@ -121,6 +150,10 @@ def text_table(results: dict) -> str:
               f"choice: layer {choice['layer']}, window {choice['window']}, pool {choice['pool']}, rows "
               f"{choice.get('rows', 'mean')}, chunk {choice['chunk']} (cost {choice['cost']:.2f}, worst recall "
               f"{choice['worst']:.2f}) {verdict}"]
+    if results.get("held_out"):
+        lines.append("held out (measured, not chosen on): " + ", ".join(results["held_out"]))
+    if "current" in results:
+        lines += against_current(results)
     if results.get("run_flags"):
         lines.append(f"run it: {results['run_flags']}")
     return "\n".join(lines)

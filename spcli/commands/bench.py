@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         pool: Annotated[Optional[int], typer.Option(help="Average-pool kernel over token scores (odd; 1 = none). Default: the model's (the paper's 13; smollm2-135m: 31).", show_default=False)] = None,
         rows: Annotated[Optional[str], typer.Option(help="How the query rows' scores (each the max over heads and layers) combine: mean (the paper's) or max (a token one row attends to counts). Default: the model's (smollm2-135m: max, measured; otherwise mean).", show_default=False)] = None,
         chunk: Annotated[Optional[int], typer.Option(help="Tokens per selection chunk. Default: the model's (the paper's 32; smollm2-135m: 8).", show_default=False)] = None,
-        unit: Annotated[str, typer.Option(help="Selection unit: sentence, word or chunk, as `spcli run --unit` (units read from the prompt ids decoded one by one, timed with the speculator).")] = "sentence",
+        unit: Annotated[str, typer.Option(help="Selection unit: clause, sentence, word or chunk, as `spcli run --unit` (units read from the prompt ids decoded one by one, timed with the speculator).")] = "clause",
         min_free: Annotated[int, typer.Option(help="At least the forced tokens plus this many chosen ones, as `spcli run --min-free`.")] = MIN_FREE,
         max_prune_cost: Annotated[float, typer.Option(help="Prompts whose pruning would cost this share of a full prefill (FLOPs) are prefilled whole, as `spcli run --max-prune-cost`; inf = always prune.")] = MAX_PRUNE_COST,
         keep_first: Annotated[int, typer.Option(help="First tokens always kept.")] = 4,

@@ -17,7 +17,9 @@ def register(app: typer.Typer) -> None:
         keep_for: Annotated[bool, typer.Option("--keep-for", help="Calibrate the keep rate on a sample of INPUT instead of the layers: fidelity against full prefill at each --keep and auto; prints the `spcli run` flags.")] = False,
         model: Annotated[str, typer.Option(help="Base model name, local folder, GGUF file or cached HF id.")] = "smollm2-135m",
         speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self / self:K; its layers are swept. Default: the model's.")] = None,
-        tasks: Annotated[str, typer.Option(help="Built-in tasks, comma-separated (their fact sentences are the needles).")] = "niah,niah-multi,multidoc-qa",
+        tasks: Annotated[str, typer.Option(help="Built-in tasks, comma-separated (their fact sentences are the needles); the families needles and shapes stand for their tasks.")] = "niah,niah-multi,multidoc-qa",
+        hold_out: Annotated[str, typer.Option("--hold-out", help="Tasks of --tasks measured and reported but not chosen on (comma-separated): a check on shapes the choice never saw.")] = "",
+        unit: Annotated[str, typer.Option(help="Selection unit, as `spcli run --unit` (clause, sentence, word, chunk).")] = "clause",
         lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "2048,4096",
         samples: Annotated[Optional[int], typer.Option(help="Prompts per task and length; with --keep-for: records drawn from INPUT (seeded, uniform). Default: 8; with --keep-for 32.", show_default=False)] = None,
         keep: Annotated[Optional[str], typer.Option(help="Keep rates, comma-separated; the target must hold at each. With --keep-for: the rates swept (auto too). Default: 0.1,0.2; with --keep-for 0.05,0.1,0.2,0.3,0.5.", show_default=False)] = None,
@@ -60,7 +62,9 @@ def register(app: typer.Typer) -> None:
         from spcli.calibrate.config import CalibrateConfig
         from spcli.calibrate.layers import run_layers
         from spcli.calibrate.report import text_table
+        from spcli.config.scoring import SelectConfig
         from spcli.evaluate.config import split_list
+        from spcli.evaluate.tasks import expand_tasks
 
         if from_results is not None:
             return _from_results(from_results, write_profile, model, speculator)
@@ -74,7 +78,9 @@ def register(app: typer.Typer) -> None:
                              fields=dict(prompt=prompt_field, messages=messages_field, id=id_field,
                                          instruction=instruction_field, instruction_at=instruction_at))
         cfg = CalibrateConfig(
-            out=out, model=model, speculator=speculator, tasks=split_list(tasks, str, "--tasks"),
+            out=out, model=model, speculator=speculator, tasks=expand_tasks(split_list(tasks, str, "--tasks")),
+            hold_out=expand_tasks(split_list(hold_out, str, "--hold-out")) if hold_out else (),
+            select=SelectConfig(keep=1.0, unit=unit),
             lengths=split_list(lengths, int, "--lengths"), samples=samples or 8, keeps=split_list(keep or "0.1,0.2", float, "--keep"),
             windows=split_list(windows, int, "--windows"), target_recall=target_recall, metric=metric, max_cost=max_cost, paper=not no_paper,
             pools=split_list(pool, int, "--pool") if pool else (), chunks=split_list(chunk, int, "--chunk") if chunk else (),

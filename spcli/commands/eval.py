@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
     def _cmd(
         inputs: Annotated[Optional[list[str]], typer.Argument(metavar="INPUT", help="JSONL/Parquet shards (optional `answer` field: string or list).", show_default=False)] = None,
         out: Annotated[str, typer.Option("--out", "-o", help="Output directory: results.json, quality_<task>.png and speedup_<task>.png; report.html with --html.")] = "out/eval",
-        task: Annotated[Optional[list[str]], typer.Option(help="Built-in task (repeat or comma-separate): niah, niah-multi, kv-retrieval, var-tracking, multidoc-qa, niah-scatter, needle-code, needle-name, needle-date, needle-first; needles = the last four.")] = None,
+        task: Annotated[Optional[list[str]], typer.Option(help="Built-in task (repeat or comma-separate): niah, niah-multi, kv-retrieval, var-tracking, multidoc-qa, niah-scatter, needle-code, needle-name, needle-date, needle-first (needles = these four), needle-facts, essay-qa, facts-inline, facts-long, facts-list, facts-table, facts-bare (shapes = these five).")] = None,
         lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens for built-in tasks, comma-separated.")] = "2048",
         model: Annotated[str, typer.Option(help="Base model name, local folder, GGUF file or cached HF id.")] = "smollm2-135m",
         speculator: Annotated[Optional[str], typer.Option(help="Speculator model or self:K. Default: the model's. A comma list A,B,... also scores with B,... (rows specprefill@B: each pair's own settings, paired against A's specprefill; one full prefill per example for all).")] = None,
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         keep_last: Annotated[int, typer.Option(help="Last tokens always kept.")] = 64,
         min_tokens: Annotated[int, typer.Option(help="Prompts shorter than this are prefilled whole, as `spcli run --min-tokens`.")] = MIN_TOKENS,
         min_free: Annotated[int, typer.Option(help="At least the forced tokens plus this many chosen ones, as `spcli run --min-free`.")] = MIN_FREE,
-        unit: Annotated[str, typer.Option(help="Selection unit: sentence, word or chunk, as `spcli run --unit` (the paper's recipe row always selects chunks).")] = "sentence",
+        unit: Annotated[str, typer.Option(help="Selection unit: clause, sentence, word or chunk, as `spcli run --unit` (the paper's recipe row always selects chunks).")] = "clause",
         max_unit: Annotated[int, typer.Option(help="--unit sentence: the longest sentence kept whole, as `spcli run --max-unit`.")] = MAX_UNIT,
         unit_score: Annotated[str, typer.Option(help="A unit's score: mean, max or topK, as `spcli run --unit-score`.")] = "mean",
         protect: Annotated[str, typer.Option(help="Text never dropped, as `spcli run --protect` (needle-first marks its instruction; --variant protect= compares without).")] = PROTECT,

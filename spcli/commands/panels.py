@@ -39,7 +39,7 @@ COMMAND_PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "eval": ("Tasks and report", ("task", "lengths", "samples", "seed", "selector", "variant", "compare_tokens",
                                   "bootstrap", "match_auto", "html")),
     "bench": ("Benchmark", ("lengths", "batch", "repeats", "warmup", "ttft_limit", "json")),
-    "calibrate": ("Calibration", ("keep_for", "tasks", "lengths", "samples", "seed", "windows", "metric",
+    "calibrate": ("Calibration", ("keep_for", "tasks", "hold_out", "unit", "lengths", "samples", "seed", "windows", "metric",
                                   "target_recall", "max_cost", "no_paper", "target_agreement", "target_kl",
                                   "write_profile", "from_results")),
 }

@@ -47,7 +47,7 @@ def parse_keep(text: str | float, flag: str = "--keep") -> float | str:
     return value
 
 
-UNITS = ("sentence", "word", "chunk")  # spcli.stages.units
+UNITS = ("clause", "sentence", "word", "chunk")  # spcli.stages.units
 
 
 MIN_TOKENS = 512  # docs/results.md, Selection units and short prompts
@@ -89,8 +89,8 @@ class SelectConfig:
     keep_last: int = 64  # question + generation prompt, always kept
     min_tokens: int = MIN_TOKENS  # prompts shorter than this are not pruned
     min_free: int = MIN_FREE  # at least this many tokens chosen beyond the forced first/last ones
-    unit: str = "sentence"  # what is kept or dropped whole: sentence | word | chunk (spcli.stages.units)
-    max_unit: int = MAX_UNIT  # unit sentence: a longer sentence is split into word-aligned pieces of ~chunk tokens
+    unit: str = "clause"  # what is kept or dropped whole: clause | sentence | word | chunk (spcli.stages.units)
+    max_unit: int = MAX_UNIT  # unit clause/sentence: a longer one is split into word-aligned pieces of ~chunk tokens
     unit_score: str = "mean"  # a unit's score from its tokens' importance: mean | max | topK (mean of its K best)
     protect: str = PROTECT  # never dropped, outside the budget: messages of these roles, and `instruction` (the field)
     keep_scale: float = KEEP_SCALE  # keep = auto: this many times the chunks that stand out (auto_budget) ...

@@ -16,6 +16,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from spcli.engines.hf import base_pass as hf_pass
@@ -38,7 +39,8 @@ from spcli.models.profiles import resolve
 from spcli.stages.request import Generation, PrunedRequest
 from spcli.stages.restate import restated_for
 from spcli.stages.select import is_over_budget
-from spcli.stages.tokenize import Layout, cross_tokenize, tokenize, tokenize_units
+from spcli.stages.tokenize import Layout, cross_tokenize, encode, tokenize, tokenize_units
+from spcli.stages.units import cut_values
 
 
 def load_models(cfg: EvalConfig) -> ModelStack:
@@ -106,8 +108,11 @@ def needle_spans(tokenizer, example: Example, ids: list[int]) -> list[tuple[int,
     return spans
 
 
-def _row(example, selector, keep, n, kept, gen: Generation, ref: Generation, text, spans, cfg, timing) -> dict:
+def _row(example, selector, keep, n, kept, gen: Generation, ref: Generation, text, spans, cfg, timing,
+         enc=None) -> dict:
     has_answers = bool(example.answers)
+    is_kept = np.zeros(n, dtype=np.bool_)
+    is_kept[kept.numpy()] = True
     return {
         "id": example.id, "task": example.task, "num_prompt_tokens": n, "selector": selector, "keep": keep,
         "num_kept": int(kept.numel()), "is_over_budget": is_over_budget(n, *policy_select(cfg.select, keep)),
@@ -118,6 +123,8 @@ def _row(example, selector, keep, n, kept, gen: Generation, ref: Generation, tex
         "exact": metrics.exact_match(text, example.answers, example.require_all) if has_answers else None,
         "f1": metrics.token_f1(text, example.answers, example.require_all) if has_answers else None,
         "needle_kept": metrics.covered(kept, spans), "output": text, **timing,
+        # value words (numbers, codes, names) dropped right after a kept word: a fact cut from its subject
+        "cut_values": None if enc is None else len(cut_values(enc.text, enc.offsets[:n], is_kept)),
     }
 
 
@@ -165,8 +172,10 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
     (ref,) = run([request(everything)])
     ref_text = ref.text
     result = ExampleResult()
+    enc = encode(Record(0, 0, example.id, prompt=example.prompt, messages=example.messages), m.tokenizer)
+    enc = enc if enc.ids[:n] == ids else None  # the text of the ids, where tokenize kept them as they are
     result.rows.append(_row(example, "full", 1.0, n, everything, ref, ref, ref_text, spans, cfg,
-                            {"ttft_s": ref.prefill_s, "prefill_s": ref.prefill_s, "selector_s": 0.0, "select_s": 0.0}))
+                            {"ttft_s": ref.prefill_s, "prefill_s": ref.prefill_s, "selector_s": 0.0, "select_s": 0.0}, enc))
 
     if signals is None:
         signals = example_signals(m, example, ids, cfg)
@@ -217,7 +226,7 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
             timing = {"ttft_s": cost + select_s[s] + share[s], "prefill_s": share[s], "selector_s": cost,
                       "select_s": select_s[s]}
             text = gens[s].text
-            result.rows.append(_row(example, s, keep, n, chosen[s], gens[s], ref, text, spans, cfg, timing))
+            result.rows.append(_row(example, s, keep, n, chosen[s], gens[s], ref, text, spans, cfg, timing, enc))
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
                 result.overlaps.append({"id": example.id, "task": example.task, "keep": keep, "a": a, "b": b,

@@ -21,6 +21,7 @@ COLUMNS = (  # header, how to read it from a summary entry[, digits]
     ("KL", lambda e: e["metrics"]["kl"], 3),
     ("needle kept", lambda e: e["metrics"]["needle_kept"]),
     ("overlap/spec", lambda e: e["overlap"].get("specprefill")),
+    ("cut/row", lambda e: e["metrics"].get("cut_values")),
     ("speedup", lambda e: e["speedup"]),
 )
 
@@ -42,6 +43,8 @@ COLUMN_HELP = (  # docs/guide/eval.md and `spcli eval --help` explain the column
     ("EM16", "the first --compare-tokens greedy tokens equal full prefill's"),
     ("KL", "KL divergence of the first-token distribution from full prefill's (0 = identical)"),
     ("needle", "fraction of the needle's tokens kept (built-in tasks)"),
+    ("cut/row", "numbers, codes, dates and names dropped right after a kept word, per row: a fact cut from its "
+                "subject (results.json / HTML only)"),
     ("overlap", "Jaccard overlap of the kept set with specprefill's at the same keep"),
     ("speedup", "full-prefill TTFT / this selector's TTFT (speculator included), estimated from this eval's stage "
                 "times (marked speedup* in the table; spcli bench measures it)"),

@@ -8,7 +8,8 @@ from collections import defaultdict
 from spcli.evaluate.config import policy_order
 from spcli.evaluate.metrics import bootstrap, bootstrap_ratio
 
-METRICS = ("contains", "exact", "f1", "first_token", "prefix_match", "kl", "needle_kept")
+METRICS = ("contains", "exact", "f1", "first_token", "prefix_match", "kl", "needle_kept",
+           "cut_values")  # value words dropped right after a kept word, per row (absent from journals made before)
 TASK_METRIC = "contains"  # "accuracy" in tables: exact/contains match, fraction found when all answers are required
 
 
@@ -43,7 +44,7 @@ def summarize(rows: list[dict], overlaps: list[dict], num_resamples: int = 2000,
             "num_over_budget": sum(bool(r.get("is_over_budget")) for r in group),  # forced tokens exceed the budget
             "kept_fraction": ci([r["num_kept"] / r["num_prompt_tokens"] for r in group]),
             "prompt_tokens": ci([r["num_prompt_tokens"] for r in group]),
-            "metrics": {m: ci([r[m] for r in group]) for m in METRICS},
+            "metrics": {m: ci([r.get(m) for r in group]) for m in METRICS},
             "delta_vs_full": ci(paired_differences(group, full, lambda r: r["id"])),
             "delta_vs_specprefill": ci(paired_differences(group, spec, lambda r: (r["id"], r["keep"]))),
             "speedup": bootstrap_ratio([f["ttft_s"] for f in refs], [r["ttft_s"] for r in group], num_resamples, seed).to_dict(),

@@ -14,6 +14,12 @@ the forced tail holds the question and nothing else.
     needles       the family of spcli.evaluate.needles: a code, a name or a date ending a sentence, and the
                   question before the document (needle-code, needle-name, needle-date, needle-first)
     needle-facts  ten look-alike facts in one document, one asked (spcli.evaluate.needles; not in the family)
+    facts-inline, facts-long, facts-list, facts-table, facts-bare
+                  the family `shapes` (spcli.evaluate.shapes): codes, names and dates in several wordings, set into
+                  running sentences, long sentences, lists, a table, and text without sentence punctuation
+    facts-inline, facts-long, facts-list, facts-table, facts-bare
+                  the family `shapes` (spcli.evaluate.shapes): codes, names and dates in several wordings, set into
+                  running sentences, long sentences, lists, a table, and text without sentence punctuation
     essay-qa      a question over real prose: the answer (a number, a name, a few words) is a span of an essay
                   around it, often deep in a long sentence (spcli.evaluate.essay_qa, its questions shipped in
                   spcli/evaluate/data/essay_qa.json)
@@ -37,10 +43,12 @@ from spcli.evaluate.haystack import ADJECTIVES, FIRST, LAST, NOUNS, insert_at_de
 from spcli.evaluate.essay_qa import BUILDERS as ESSAY_QA_BUILDERS
 from spcli.evaluate.needles import BUILDERS as NEEDLE_BUILDERS
 from spcli.evaluate.needles import FAMILY as NEEDLE_FAMILY
+from spcli.evaluate.shapes import BUILDERS as SHAPE_BUILDERS
+from spcli.evaluate.shapes import SHAPES
 
 TASKS = ("niah", "niah-multi", "kv-retrieval", "var-tracking", "multidoc-qa", "niah-scatter",
          "needle-code", "needle-name", "needle-date", "needle-first",  # these four: --task needles (needles.py)
-         "needle-facts", "essay-qa")
+         "needle-facts", "essay-qa", *SHAPES)
 
 TOWNS = ("Ashford", "Bellmere", "Corrin Bay", "Dunmore", "Elderfield", "Foxhollow", "Glenrock", "Hartwell", "Ivybridge",
          "Juniper Falls", "Kestrel Point", "Larkspur", "Millbrook", "Northwick", "Oakhaven", "Pinecrest", "Queensferry",
@@ -215,9 +223,9 @@ def _multidoc(rng, filler, length, _):
 BUILDERS = {  # task -> (builder, number of needles, max_tokens, all answers required)
     "niah": (_niah, 1, 32, False), "niah-multi": (_niah, 3, 64, True), "kv-retrieval": (_kv, 0, 48, False),
     "var-tracking": (_vt, 0, 64, True), "multidoc-qa": (_multidoc, 0, 32, False),
-    "niah-scatter": (_scatter, 8, 96, True), **NEEDLE_BUILDERS, **ESSAY_QA_BUILDERS,
+    "niah-scatter": (_scatter, 8, 96, True), **NEEDLE_BUILDERS, **ESSAY_QA_BUILDERS, **SHAPE_BUILDERS,
 }
-FAMILIES = {"needles": NEEDLE_FAMILY}  # a family name stands for its tasks in --task
+FAMILIES = {"needles": NEEDLE_FAMILY, "shapes": SHAPES}  # a family name stands for its tasks in --task
 
 
 def expand_tasks(names) -> tuple[str, ...]:
