@@ -19,7 +19,6 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from weakref import WeakKeyDictionary
 
 from spcli.errors import ConfigError
 
@@ -107,13 +106,10 @@ def window(filler, first: int, last: int, depth: float, num_tokens: int) -> list
     return before[::-1] + middle + after
 
 
-_dealt: WeakKeyDictionary = WeakKeyDictionary()  # Filler -> question indices its generate() call has asked
-
-
 def _deal(rng: random.Random, filler) -> int:
     """A question not yet asked among the samples of this generate() call (it makes one Filler for them all, in
     order), drawn with the sample's rng; every question is asked once before any is asked again."""
-    used = _dealt.setdefault(filler, [])
+    used = filler.dealt
     if len(used) >= len(questions()):
         used.clear()
     asked = rng.choice([i for i in range(len(questions())) if i not in used])

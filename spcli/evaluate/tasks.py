@@ -97,6 +97,7 @@ class Filler:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.dealt: list[int] = []  # what a builder has handed out to this generate() call's samples (essay_qa)
 
     def count(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
