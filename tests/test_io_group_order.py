@@ -155,3 +155,12 @@ def test_a_directory_of_the_consecutive_rule_resumes_with_it(tmp_path, tiny_dir,
     with_rule = {**cfg.fingerprint_fields(), "groups": "auto"}
     from spcli.job.manifest import resumed_groups
     assert resumed_groups(with_rule) == "consecutive" and resumed_groups(cfg.fingerprint_fields()) == "shard"
+
+
+def test_slurm_tasks_own_whole_shards_so_never_a_part_of_a_group():
+    """A group lies within one shard (spcli.io.group_order), and a Slurm task owns whole shards: every shard goes to
+    exactly one task."""
+    from spcli.slurm.tasks import assign_shards
+
+    owned = [i for task in range(3) for i in assign_shards([f"s{i}" for i in range(7)], task, 3)]
+    assert sorted(owned) == list(range(7))

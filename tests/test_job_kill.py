@@ -103,7 +103,9 @@ def check_committed_state(out: Path) -> int:
     (shard,) = doc["shards"].values()
     assert len(got) == len(set(got)), "a row committed twice"
     assert shard["rows"] == len(rows)
-    if rows:
+    if rows and shard.get("order") == "groups":  # --groups shard: next_row counts records of the group order
+        assert shard["next_row"] == len(rows)
+    elif rows:
         assert shard["next_row"] == got[-1] + 1
     listed = set(shard["parts"])
     assert all((out / p).is_file() for p in listed)
@@ -188,3 +190,50 @@ def test_sigkill_anywhere_loses_no_row_and_repeats_none(tmp_path, tiny_dir, fork
     assert leftovers == [], leftovers
     elapsed = time.monotonic() - t_start
     print(f"\n{kills} kills; committed rows after each: {progress}; seconds per attempt: {times}; total {elapsed:.1f} s")
+
+
+def test_sigkill_in_a_run_whose_groups_are_out_of_order_resumes_with_every_id_once(tmp_path, tiny_dir, forkserver):
+    """Documents' questions shuffled through the shard (--groups shard reads them in its group order, not in rows):
+    a few SIGKILLs, between a part's rename and the manifest or anywhere, then a resume: every id once, each row as
+    a run without kills made it (issue 57)."""
+    from test_stages_share import QUESTIONS
+
+    rng = random.Random(57)
+    docs = [" ".join(f"fact{d}-{j} holds value {(d * 31 + j) % 97}." for j in range(12)) for d in range(20)]
+    rows = [{"id": f"d{d}q{q}", "prompt": doc, "question": question.format(d=d)}
+            for d, doc in enumerate(docs) for q, question in enumerate(QUESTIONS)]
+    rows = rng.sample(rows, len(rows))
+    rows.insert(17, {"id": "bad", "prompt": docs[3], "question": "?", "n": 2})  # an error row inside d3's group
+    src = tmp_path / "qa.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["-q", "run", str(src), "--model", str(tiny_dir), "--instruction-field", "question", *ARGS]
+    env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+    def start(out: Path, log: Path, extra_env: dict):
+        p = forkserver.Process(target=_child, args=([*argv, "--out", str(out)], {**env, **extra_env}, str(log)))
+        p.start()
+        return p
+
+    p = start(tmp_path / "ref", tmp_path / "ref.log", {})
+    p.join(120)
+    assert p.exitcode == 0, (tmp_path / "ref.log").read_text()
+    reference = comparable(committed_rows(tmp_path / "ref"))
+    out = tmp_path / "out"
+    for attempt, mode in enumerate(["rename", "random", "rename", "random"]):
+        log = tmp_path / f"attempt{attempt}.log"
+        p = start(out, log, {"SPCLI_TEST_PAUSE_AFTER_RENAME": "0.15" if mode == "rename" else "0"})
+        wait_for(log, "spcli-test: renamed", rng.randint(1, 2), p)
+        if mode == "random":
+            time.sleep(rng.uniform(0.0, 0.05))
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+        assert p.exitcode == -signal.SIGKILL, log.read_text(errors="replace")[-2000:]
+        check_committed_state(out)
+    p = start(out, tmp_path / "final.log", {})
+    p.join(120)
+    assert p.exitcode == 0, (tmp_path / "final.log").read_text(errors="replace")
+    got = committed_rows(out)
+    assert sorted(r["id"] for r in got) == sorted(r["id"] for r in rows), "every id exactly once"
+    assert comparable(got) == reference
+    assert {r["group_size"] for r in got if r["error"] is None} == {3}

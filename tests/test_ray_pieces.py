@@ -15,7 +15,7 @@ from spcli.io.manifest import Manifest, ShardProgress
 from spcli.io.read import read_records
 from spcli.io.count import count_positions, count_rows
 from spcli.io.shards import Shard
-from spcli.ray.pieces import cut, split, uncovered
+from spcli.ray.pieces import cut, group_split_rows, split, uncovered
 from spcli.ray.slots import Slots, read_slots
 from spcli.job.manifest import merge_progress
 
@@ -102,7 +102,7 @@ def test_reading_a_range_of_jsonl_keeps_line_numbers_and_ids(tmp_path):
     piece = Shard(3, str(path), "d", rows=(3, 8))
     recs = list(read_records(piece, FieldConfig()))
     assert [r.row for r in recs] == [3, 5, 6, 7] and [r.id for r in recs] == ["d:3", "d:5", "d:6", "d:7"]
-    assert recs[2].error.startswith(f"{path}:line 7: malformed JSON")
+    assert recs[2].error.startswith(f"{path}:row 6 (line 7): malformed JSON")
     assert [r.row for r in read_records(piece, FieldConfig(), start_row=6)] == [6, 7]  # resumed inside the range
     assert (count_rows(piece), count_rows(whole), count_positions(whole)) == (4, 9, 10)
 
@@ -204,3 +204,18 @@ def test_split_rows_needs_ray_and_a_count():
     with pytest.raises(ConfigError, match="--split-rows must be >= 0"):
         RunConfig(inputs=("a.jsonl",), out="o", ray="", split_rows=-1)
     assert "split_rows" not in RunConfig(inputs=("a.jsonl",), out="o", ray="", split_rows=5).fingerprint_fields()
+
+
+def test_ranges_never_cut_a_group():
+    """--groups shard (the default: a document's records anywhere in its file): files run whole; the consecutive rule:
+    ranges end at multiples of --group-max (where it cuts every group); groups off: as asked (issue 57)."""
+    from spcli.config.run import RunConfig
+
+    cfg = lambda groups: RunConfig(inputs=("x",), out="o", groups=groups, group_max=4)
+    assert group_split_rows(10, cfg("auto")) == group_split_rows(10, cfg("shard")) == 0
+    assert group_split_rows(10, cfg("consecutive")) == 12 and group_split_rows(8, cfg("consecutive")) == 8
+    assert group_split_rows(10, cfg("off")) == 10
+    shards = [Shard(0, "a.jsonl"), Shard(1, "b.jsonl")]
+    units = split(shards, Slots(), group_split_rows(10, cfg("shard")), positions=lambda s: 100)
+    assert [(u.path, u.rows) for u in units] == [("a.jsonl", None), ("b.jsonl", None)]
+

@@ -32,7 +32,8 @@ pytestmark = pytest.mark.xdist_group("ray")  # one worker: the Ray tests share t
 
 ARGS = ["--keep", "0.3", "--min-tokens", "16", *ALWAYS_PRUNE, "--min-free", "0", "--unit", "chunk", "--keep-last", "8", "--chunk", "8",
         "--max-tokens", "4", "--dtype", "float32", "--lookahead", "2", "--speculator", "self:2",
-        "--batch-size", "2", "--commit-interval", "0"]
+        "--batch-size", "2", "--commit-interval", "0",
+        "--groups", "consecutive"]  # row ranges: --groups shard (the default) runs each file whole (ray.pieces.group_split_rows)
 DEADLINE_S = 240
 
 
@@ -119,7 +120,7 @@ def test_ray_run_same_rows_as_plain_run(tmp_path, tiny_dir, ray_cluster):
     assert_exactly_once(rows, 13)
     assert comparable(rows) == comparable(read_outputs(plain))
     [bad] = [r for r in rows if r["error"] is not None]
-    assert bad["error"].startswith(f"{inputs[1]}:line 5: malformed JSON")
+    assert bad["error"].startswith(f"{inputs[1]}:row 4 (line 5): malformed JSON")
     assert sorted(p.name for p in on_ray.glob("manifest*.json")) == ["manifest-task-00000.json", "manifest-task-00001.json"]
     ranges = sorted((p["path"], *p["row_range"], p["rows"]) for _, p in committed(on_ray))
     assert ranges == [(inputs[0], 0, 3, 3), (inputs[0], 3, 4, 1), (inputs[1], 0, 3, 3), (inputs[1], 3, 5, 2),

@@ -28,7 +28,7 @@ from spcli.job.progress import Progress
 from spcli.job.stop import StopRequest
 from spcli.job.summary import RunSummary
 from spcli.ray.cluster import actor_shape, connect, require_ray
-from spcli.ray.pieces import split
+from spcli.ray.pieces import group_split_rows, split
 from spcli.ray.slots import Slots, Work, WorkQueue, read_slots
 from spcli.ray.worker import Worker
 
@@ -37,6 +37,19 @@ log = logging.getLogger("spcli")
 MAX_DEATHS = 3  # actors of one slot that may die in a row on the same work before the run gives up
 POLL_S = 0.5  # how often the driver looks at progress and a stop while actors run
 CLOSE_S = 60.0  # how long finished actors may take to end their engines before they are ended
+
+
+def ray_groups(cfg: RunConfig, out: Path) -> RunConfig:
+    """--groups auto on a directory whose slots made their rows with the consecutive rule (before --groups shard): that
+    rule for every slot, new ones included (each slot's own manifest resolves the rest: job.manifest.groups_for)."""
+    if cfg.groups != "auto" or cfg.fresh or not out.is_dir():
+        return cfg
+    from spcli.io.manifest import read_manifests
+    from spcli.job.manifest import resumed_groups
+
+    made = {resumed_groups(d.get("fingerprint_fields") or {}) for d in read_manifests(out)
+            if any(p.get("parts") for p in d.get("shards", {}).values())}
+    return dataclasses.replace(cfg, groups="consecutive") if "consecutive" in made else cfg
 
 
 def run_on_ray(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
@@ -52,9 +65,11 @@ def run_on_ray(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     if gone and not cfg.fresh:
         raise OutputError(f"{out}: shard {gone[0]} was run here and is no longer among the inputs; give the same inputs")
     progress = progress or Progress(total=None)
-    split_rows = SPLIT_ROWS if cfg.split_rows is None else cfg.split_rows
-    if cfg.grouped and split_rows % cfg.grouped:  # a range edge at a multiple of --group-max never cuts a group
-        split_rows += cfg.grouped - split_rows % cfg.grouped
+    cfg = ray_groups(cfg, out)
+    split_rows = group_split_rows(SPLIT_ROWS if cfg.split_rows is None else cfg.split_rows, cfg)
+    if cfg.split_rows and not split_rows:
+        log.info("--split-rows %d not used: with --groups shard each file runs whole (a row range could cut a "
+                 "document's group); --groups consecutive runs ranges", cfg.split_rows)
     units = split(shards, slots, split_rows)
     to_retry = slots.failed_rows(units) if cfg.retry_failed else 0
     if all(u.key in slots.done for u in units) and not to_retry and not cfg.fresh:

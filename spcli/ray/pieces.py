@@ -28,6 +28,17 @@ from spcli.io.shards import Shard, shard_kind
 from spcli.ray.slots import Slots
 
 
+def group_split_rows(split_rows: int, cfg) -> int:
+    """--split-rows as document groups allow: with --groups shard (a document's records anywhere in its file) files
+    run whole (0), since a row range could cut a group; with the consecutive rule, ranges end at multiples of
+    --group-max, where every group is cut anyway (spcli.io.groups); with groups off, as asked."""
+    if cfg.grouped is None:
+        return split_rows
+    if cfg.order_free:
+        return 0
+    return split_rows + (-split_rows) % cfg.grouped
+
+
 def split(shards: list[Shard], slots: Slots, split_rows: int,
           positions: Callable[[Shard], int | None] = count_positions) -> list[Shard]:
     """The job's units of work, in input order: each file whole, or its row ranges. split_rows 0: files whole
