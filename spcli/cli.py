@@ -211,20 +211,17 @@ def done_line(s) -> str:
 
 @app.command()
 def models() -> None:
-    """List model names, what they resolve to, and whether their weights are on this machine."""
-    from spcli.models.lookup import BENCH_PAIR, PRESETS, availability, is_available
+    """List model names, the model each is (its Hugging Face id), where its files are, and whether they are on this machine."""
+    from spcli.models import listing
+    from spcli.models.lookup import PRESETS
 
-    typer.echo(f"{'name':<20} {'source':<42} {'speculator':<18} {'tp':>2} {'dtype':<13} available")
-    for p in PRESETS.values():
-        dtype = p.dtype + ("/" + p.quantization if p.quantization else "")
-        typer.echo(f"{p.name:<20} {p.source:<42} {p.speculator:<18} {p.tp:>2} {dtype:<13} {availability(p.name)}")
-    built = "yes (built on first use)" if is_available("smollm2-135m") else "no (needs smollm2-135m's tokenizer)"
-    for name, speculator in BENCH_PAIR.items():  # `spcli bench`'s random-weight pair
-        typer.echo(f"{name:<20} {'random weights from a config (spcli bench)':<42} {speculator:<18} {1:>2} {'bfloat16':<13} {built}")
+    typer.echo("\n".join(listing.table()))
     typer.echo("\nscoring with the default speculator, where flags leave it open (flags > calibrate profile > preset > "
                "fallback):")
     for p in PRESETS.values():
         typer.echo(f"{p.name:<20} {_scoring(p.name, p.speculator)}")
+    typer.echo("\n" + "\n".join(listing.where_section()))
+    typer.echo("\n" + "\n".join(listing.part_wheels_section()))
 
 
 def _scoring(name: str, speculator: str) -> str:

