@@ -821,3 +821,24 @@ def test_pruned_rows_share_a_protected_system_prompt_through_vllms_prefix_cache(
         if hashed:
             assert cached[hashed][0] == 0 and all(c >= shared for c in cached[hashed][1:]), (cached, shared)
     assert cached[False] == [0, 0, 0], cached
+
+
+@needs_vllm
+def test_the_same_shard_in_three_orders_gives_the_same_rows_on_vllm(shared_engine, tiny_dir, tmp_path):
+    """3 documents x 3 questions, ordered and shuffled twice (--groups shard, the default, finds a document's questions
+    wherever they stand): the same rows per id, outputs and kept indices, each question in its document's group."""
+    import random
+
+    from test_stages_share import qa_rows
+
+    rows, got = qa_rows(), []
+    for seed in (None, 2, 7):
+        order = rows if seed is None else random.Random(seed).sample(rows, len(rows))
+        out = tmp_path / f"out{seed}"
+        code, output, exc = spcli_run(str(write_jsonl(tmp_path / f"qa{seed}.jsonl", order)), "--out", str(out),
+                                      "--engine", "vllm", "--speculator", str(tiny_dir), "--instruction-field",
+                                      "question", *COMMON, *PRUNED)
+        assert code == 0, (output, exc)
+        got.append({i: (r["output"], r["kept_indices"], r["group"], r["group_size"]) for i, r in read_rows(out).items()})
+    assert got[0] == got[1] == got[2]
+    assert {(i, g[2], g[3]) for i, g in got[0].items()} == {(f"d{d}q{q}", f"d{d}q0", 3) for d in range(3) for q in range(3)}

@@ -164,3 +164,20 @@ def test_slurm_tasks_own_whole_shards_so_never_a_part_of_a_group():
 
     owned = [i for task in range(3) for i in assign_shards([f"s{i}" for i in range(7)], task, 3)]
     assert sorted(owned) == list(range(7))
+
+
+def test_retry_failed_redoes_an_error_row_with_its_group_found_anywhere(tmp_path, tiny_dir, write_jsonl):
+    """--retry-failed under --groups shard: the mended record is redone with its document's other questions (wherever
+    they stand) as context, joining their group; their rows stand as committed."""
+    rows = random.Random(3).sample(qa_rows(), 9)
+    bad = next(i for i, r in enumerate(rows) if r["id"] == "d2q1")
+    rows[bad] = {**rows[bad], "n": 3}
+    path = write_jsonl(rows)
+    before, _ = _run(tmp_path, tiny_dir, path, "r", "--batch-size", "2")
+    assert before["d2q1"]["error"] is not None and before["d2q0"]["group_size"] == 2
+    rows[bad] = {k: v for k, v in rows[bad].items() if k != "n"}
+    write_jsonl(rows)
+    after, output = _run(tmp_path, tiny_dir, path, "r", "--batch-size", "2", "--retry-failed", "--force")
+    assert "1 failed row redone (1 now without error)" in output
+    assert after["d2q1"]["error"] is None and after["d2q1"]["group"] == "d2q0"
+    assert {i: r for i, r in after.items() if i != "d2q1"} == {i: r for i, r in before.items() if i != "d2q1"}

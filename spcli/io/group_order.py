@@ -45,6 +45,7 @@ from spcli.io.records import Record
 from spcli.io.shards import Shard, shard_kind
 
 ORDER = "groups"  # ShardProgress.order: its next_row counts records of this processing order
+READ_CHUNK = 4096  # records whose places are turned into Python numbers at once
 
 
 @dataclass(frozen=True)
@@ -125,12 +126,13 @@ class _Arrays:
         self.own += own
 
     def scan(self) -> Scan:
-        u64 = lambda b: np.frombuffer(bytes(b), dtype="<u8").astype(np.uint64)
+        """The arrays, over the buffers they were gathered in (no copy)."""
+        u64 = lambda b: np.frombuffer(b, dtype="<u8") if b else np.zeros(0, dtype=np.uint64)
+        i64 = lambda a: np.frombuffer(a, dtype=np.int64) if a else np.zeros(0, dtype=np.int64)
         jsonl = self.offsets is not None
-        return Scan(np.frombuffer(self.rows, dtype=np.int64).copy(), u64(self.keys),
-                    np.frombuffer(bytes(self.has), dtype=np.uint8).astype(bool), u64(self.own),
-                    np.frombuffer(self.offsets, dtype=np.int64).copy() if jsonl else None,
-                    np.frombuffer(self.lengths, dtype=np.int64).copy() if jsonl else None, self.over_long)
+        has = np.frombuffer(self.has, dtype=np.uint8).view(bool) if self.has else np.zeros(0, dtype=bool)
+        return Scan(i64(self.rows), u64(self.keys), has, u64(self.own), i64(self.offsets) if jsonl else None,
+                    i64(self.lengths) if jsonl else None, self.over_long)
 
 
 def scan(shard: Shard, fields: FieldConfig, limit: int) -> Scan:
@@ -319,20 +321,22 @@ def _read_at(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, d
     except OSError as e:
         raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
     try:
-        for g in range(max(g0, 0), o.num_groups):
-            if wanted is not None and g not in wanted:
-                continue
-            for pos in range(int(o.starts[g]), int(o.starts[g + 1])):
-                i = int(o.members[pos])
-                row = int(s.rows[i])
-                data = os.pread(fd, int(s.lengths[i]), int(s.offsets[i]))
+        first = int(o.starts[max(g0, 0)])
+        for a in range(first, len(o.members), READ_CHUNK):  # plain lists a chunk at a time: numpy scalars are slow
+            idx = o.members[a:a + READ_CHUNK]
+            rows, offsets, lengths = s.rows[idx].tolist(), s.offsets[idx].tolist(), s.lengths[idx].tolist()
+            groups = (np.searchsorted(o.starts, np.arange(a, a + len(idx)), side="right") - 1).tolist()
+            for k, (row, offset, length, g) in enumerate(zip(rows, offsets, lengths, groups)):
+                if wanted is not None and g not in wanted:
+                    continue
+                data = os.pread(fd, length, offset)
                 if row in s.over_long:
                     rec = line_record(shard, row, None, s.over_long[row], data, "jsonl", fields, limit)
                 else:
                     rec = line_record(shard, row, data, len(data), b"", "jsonl", fields, limit)
                 if rec is None:
                     raise InputError(f"{shard.path}: line {row + 1} changed while the shard was read (now blank)")
-                yield _place(rec, g, pos, shard.first_row, done, wanted_rows)
+                yield _place(rec, g, a + k, shard.first_row, done, wanted_rows)
     finally:
         os.close(fd)
 
