@@ -173,8 +173,31 @@ def load_view(run: RunOutputs, row: dict, tokenizer=None) -> TokenView:
         is_forced &= is_kept
     importance = row.get("importance")
     importance = np.asarray(importance, dtype=np.float32) if importance is not None and len(importance) == n else None
-    return TokenView(row, token_pieces(tokenizer, ids), is_kept, is_forced, importance, int(select.get("chunk", 32)),
-                     "; ".join(warnings) or None, why_whole(row, select, rec.keep))
+    pieces = token_pieces(tokenizer, ids)
+    note = "; ".join(n for n in (why_whole(row, select, rec.keep), cut_note(pieces, is_kept)) if n) or None
+    return TokenView(row, pieces, is_kept, is_forced, importance, int(select.get("chunk", 32)),
+                     "; ".join(warnings) or None, note)
+
+
+def cut_note(pieces: list[str], is_kept: np.ndarray, shown: int = 5) -> str | None:
+    """Numbers, codes, dates and names the row dropped right after a kept word (spcli.stages.units.cut_values: a
+    fact cut from its subject), in words; None where there is none or nothing was dropped."""
+    from itertools import accumulate
+
+    from spcli.stages.units import cut_values
+
+    if bool(is_kept.all()):
+        return None
+    ends = list(accumulate(map(len, pieces)))
+    offsets = [(e - len(p), e) for p, e in zip(pieces, ends)]
+    text = "".join(pieces)
+    cut = cut_values(text, offsets, is_kept)
+    if not cut:
+        return None
+    words = [text[offsets[i][0]:].split(None, 1)[0] if text[offsets[i][0]:].strip() else "" for i in cut]
+    more = f", ... ({len(cut) - shown} more)" if len(cut) > shown else ""
+    return (f"{len(cut)} number{'s' if len(cut) > 1 else ''}, code{'s' if len(cut) > 1 else ''} or name{'s' if len(cut) > 1 else ''} "
+            f"dropped right after a kept word (a fact cut from its subject?): " + ", ".join(words[:shown]) + more)
 
 
 def why_whole(row: dict, select: dict, keep: float | str | None) -> str | None:
