@@ -37,6 +37,7 @@ def test_api_run_is_what_the_cli_runs(tmp_path, tiny_dir, write_jsonl):
     summary = api.run([jl], tmp_path / "api", model=str(tiny_dir), prompt_field="prompt", **FLAGS)
     assert (summary.rows, summary.failed) == (3, 0)
     a, b = load_run(tmp_path / "cli"), load_run(tmp_path / "api")
+    assert inspect.isgenerator(a.rows()) and len(list(a.rows())) == 3, "an iterator, as docs/guide/python.md says"
     assert {**a.config, "out": None} == {**b.config, "out": None}
     assert a.fingerprint_fields == b.fingerprint_fields
     strip = ("ttft_s", "speculate_s", "prefill_s", "decode_s")

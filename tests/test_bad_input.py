@@ -48,7 +48,7 @@ def last_line(err: str) -> str:
 
 # ------------------------------------------------------------------ record-level: error rows
 LONG = "word " * 5000  # > 4096 positions of the tiny model
-CASES = {  # id -> (input line, error message after "FILE:line N: ")
+CASES = {  # id -> (input line, error message after "FILE:row N (line N+1): ")
     "malformed": ('{"id": "malformed", "prompt": "unterminated', "malformed JSON (unexpected end of data at column 44)"),
     "not_object": ('["id", "prompt"]', "record must be a JSON object, got list"),
     "prompt_missing": ('{"id": "prompt_missing"}', "field 'prompt' (or 'messages') is missing or null"),
@@ -78,9 +78,29 @@ CASES = {  # id -> (input line, error message after "FILE:line N: ")
                         "field 'max_tokens' must be in [1, 1048576], got 0"),
     "max_tokens_float": ('{"id": "max_tokens_float", "prompt": "a b c", "max_tokens": 1.5}',
                          "field 'max_tokens' must be an integer, got 1.5"),
+    # issue 59's list
+    "not_number": ("42", "record must be a JSON object, got int"),
+    "id_list": ('{"id": ["x"], "prompt": "a b c"}', "field 'id' must be a non-empty string or integer, got ['x']"),
+    "id_bool": ('{"id": true, "prompt": "a b c"}', "field 'id' must be a non-empty string or integer, got True"),
+    "id_float": ('{"id": 1.5, "prompt": "a b c"}', "field 'id' must be a non-empty string or integer, got 1.5"),
+    "prompt_whitespace": ('{"id": "prompt_whitespace", "prompt": " \\n\\t  "}', "field 'prompt' is empty"),
+    "top_p_big": ('{"id": "top_p_big", "prompt": "a b c", "top_p": 1.5}', "field 'top_p' must be in (0, 1], got 1.5"),
+    "top_k_neg": ('{"id": "top_k_neg", "prompt": "a b c", "top_k": -2}',
+                  "field 'top_k' must be -1, 0 (all tokens) or >= 1, got -2"),
+    "temperature_neg": ('{"id": "temperature_neg", "prompt": "a b c", "temperature": -1}',
+                        "field 'temperature' must be in [0, 100], got -1"),
+    "stop_number": ('{"id": "stop_number", "prompt": "a b c", "stop": 5}',
+                    "field 'stop' must be a non-empty string or a list of them, got 5"),
+    "stop_object": ('{"id": "stop_object", "prompt": "a b c", "stop": {"a": 1}}',
+                    "field 'stop' must be a non-empty string or a list of them, got {'a': 1}"),
+    "best_of": ('{"id": "best_of", "prompt": "a b c", "best_of": 2}',
+                "field 'best_of' (2; one output per record) is a generation parameter --engine hf does not apply (it "
+                "applies temperature, max_tokens, seed, top_p, top_k, min_p, presence_penalty, frequency_penalty, "
+                "repetition_penalty, stop); remove it from the record"),
 }
 # ids taken by the reader when the record has none it could read
-GENERATED = {"malformed": "matrix:{row}", "not_object": "matrix:{row}", "utf8": "matrix:{row}"}  # no id to read
+GENERATED = {k: "matrix:{row}" for k in ("malformed", "not_object", "utf8", "not_number", "id_list", "id_bool",
+                                         "id_float")}  # no id to read
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +141,7 @@ def test_bad_record_becomes_an_exact_error_row(matrix, case):
     src, rows, by_row, _ = matrix
     row = by_row[rows[case]]
     assert row["id"] == GENERATED.get(case, case).format(row=rows[case])
-    assert row["error"] == f"{src}:line {rows[case] + 1}: {CASES[case][1]}"
+    assert row["error"] == f"{src}:row {rows[case]} (line {rows[case] + 1}): {CASES[case][1]}"
     assert row["output"] is None
 
 
@@ -143,7 +163,7 @@ def test_duplicate_id_is_an_error_row_naming_the_first(matrix):
     src, rows, by_row, _ = matrix
     dup = by_row[rows["dup"]]
     assert dup["id"] == "good" and dup["output"] is None
-    assert dup["error"] == f"{src}:line {rows['dup'] + 1}: duplicate id 'good' (first at {src}:line 1); ids must be unique"
+    assert dup["error"] == f"{src}:row {rows['dup']} (line {rows['dup'] + 1}): duplicate id 'good' (first at {src}:row 0 (line 1)); ids must be unique"
     assert by_row[0]["error"] is None, "the first occurrence is kept"
 
 
@@ -154,7 +174,7 @@ def test_prompt_longer_than_the_context_is_an_error_row_by_default(matrix, tiny_
     n = len(AutoTokenizer.from_pretrained(tiny_dir)(LONG)["input_ids"])
     assert n > 4096
     row = by_row[rows["too_long"]]
-    assert row["error"] == (f"{src}:line {rows['too_long'] + 1}: prompt has {n} tokens, more than the 4094 allowed "
+    assert row["error"] == (f"{src}:row {rows['too_long']} (line {rows['too_long'] + 1}): prompt has {n} tokens, more than the 4094 allowed "
                             "(the model's max_position_embeddings 4096 minus max_tokens 2; the prompt alone exceeds the "
                             "model's 4096 positions); use --truncate left|middle to cut it")
 
@@ -194,6 +214,41 @@ def expect_exit_2(argv, capsys, message: str) -> None:
 def run_argv(src, out, tiny_dir, *extra) -> list[str]:
     return ["run", *([str(s) for s in src] if isinstance(src, list) else [str(src)]), "--out", str(out),
             "--model", str(tiny_dir), *FAST, *extra]
+
+
+def test_duplicate_id_across_shards_is_an_error_row_naming_the_other_file(tmp_path, tiny_dir, write_jsonl, capsys):
+    a = write_jsonl([{"id": "x", "prompt": "first of its id"}, {"id": "y", "prompt": "another"}], name="a.jsonl")
+    b = write_jsonl([{"id": "x", "prompt": "same id, other shard"}], name="b.jsonl")
+    code, stdout, err = cli(run_argv([a, b], tmp_path / "o", tiny_dir), capsys)
+    assert code == 0 and stdout.startswith("done: 3 rows (1 failed: "), err
+    rows = read_outputs(tmp_path / "o")
+    (dup,) = [r for r in rows if r["error"] is not None]
+    assert dup["id"] == "x" and dup["output"] is None
+    assert dup["error"] == f"{b}:row 0 (line 1): duplicate id 'x' (first at {a}:row 0 (line 1)); ids must be unique"
+
+
+@pytest.mark.parametrize("column", [pa.array([1, 2], pa.int64()), pa.array([["a"], ["b"]]), pa.array([b"x", b"y"])],
+                         ids=["int", "list", "binary"])
+def test_parquet_prompt_column_of_another_type_gives_an_error_row_per_row(tmp_path, tiny_dir, capsys, column):
+    path = tmp_path / "typed.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": column}), path)
+    code, stdout, err = cli(run_argv(path, tmp_path / "o", tiny_dir), capsys)
+    assert code == 0 and stdout.startswith("done: 2 rows (2 failed: "), err
+    got = {type(v).__name__ for v in column.to_pylist()}.pop()
+    assert [(r["id"], r["error"]) for r in read_outputs(tmp_path / "o")] == [
+        (i, f"{path}:row {n}: field 'prompt' must be a string, got {got}") for n, i in enumerate("ab")]
+
+
+def test_an_empty_shard_among_good_ones_is_a_warning_and_the_others_run(tmp_path, tiny_dir, capsys):
+    d = tmp_path / "shards"
+    d.mkdir()
+    (d / "a.jsonl").write_text(json.dumps({"id": "a", "prompt": "a fine prompt"}) + "\n")
+    (d / "b.jsonl").write_bytes(b"")
+    pq.write_table(pa.table({"id": ["c"], "prompt": ["another fine prompt"]}), d / "c.parquet")
+    code, stdout, err = cli(run_argv(d, tmp_path / "o", tiny_dir), capsys)
+    assert code == 0 and stdout.startswith("done: 2 rows (0 failed)"), err
+    assert f"WARNING {d / 'b.jsonl'}: empty file (no records)\n" in err
+    assert sorted(r["id"] for r in read_outputs(tmp_path / "o")) == ["a", "c"]
 
 
 def test_truncated_parquet(tmp_path, tiny_dir, capsys):

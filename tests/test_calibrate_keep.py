@@ -47,7 +47,7 @@ def test_keep_for_on_the_tiny_model_writes_results_plot_and_the_flags(tmp_path, 
         assert last == f"recommended (smallest kept fraction meeting EM16 >= 0.5): {results['flags']}"
         assert f"--model {tiny_dir} --speculator self:2" in last and "--window 4 --lookahead 0 --score-layers 1" in last
     assert "fidelity against full prefill on 4 of your 6 records" in res.stdout
-    assert f"skipped 1 bad record(s): {src}:line 7: malformed JSON (" in res.stdout
+    assert f"skipped 1 bad record(s): {src}:row 6 (line 7): malformed JSON (" in res.stdout
     assert "KL <= 0.05 (--target-kl 0.05): " in res.stdout and "EM16 >= 0.5 (--target-agreement 0.5): " in res.stdout
 
 
@@ -87,11 +87,11 @@ def test_the_table_ends_with_the_closest_keep_per_criterion_as_run_flags_and_say
         e |= {"n": 3, "num_pruned": 3, "num_at_keep_max": 3 if e["policy"] == "auto" else 0}
     cfg = KeepForConfig(inputs=("x",))
     results = {"summary": summary, "target": {"metric": "prefix_match", "value": 0.9}, "num_sampled": 3,
-               "num_valid_records": 4, "errors": [], "skipped": ["in.jsonl:line 2: malformed JSON (unexpected end)"],
+               "num_valid_records": 4, "errors": [], "skipped": ["in.jsonl:row 1 (line 2): malformed JSON (unexpected end)"],
                "config": cfg.to_dict(), "closest": closest(summary, cfg), "recommended": None, "flags": None}
     flags = "spcli run x --out DIR --model smollm2-135m --keep"
     assert text_table(results).splitlines()[-6:] == [
-        "skipped 1 bad record(s): in.jsonl:line 2: malformed JSON (unexpected end)",
+        "skipped 1 bad record(s): in.jsonl:row 1 (line 2): malformed JSON (unexpected end)",
         "warning: 3 sampled records: 95% bootstrap CIs from fewer than 30 are rough and wide; raise --samples (on more "
         "records) before choosing by them",
         "keep auto kept --keep-max 0.5 on 3 of 3 pruned prompts: --keep-scale 1.5 asks for more there; raise --keep-max or "

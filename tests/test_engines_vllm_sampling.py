@@ -175,7 +175,7 @@ def test_a_record_gives_the_same_row_on_both_engines_and_vllm_refuses_what_it_ca
     assert vl["stop"]["finish_reason"] == "stop" and vl["pen"]["output"] != vl["plain"]["output"]
     for engine, r in rows.items():
         assert f"field 'min_tokens' (2) is a generation parameter --engine {engine} does not apply" in r["n"]["error"]
-    assert vl["hot"]["error"].endswith("in.jsonl:line 6: field 'temperature' (2.5) is more than 2.0, the most "
+    assert vl["hot"]["error"].endswith("in.jsonl:row 5 (line 6): field 'temperature' (2.5) is more than 2.0, the most "
                                        "--engine vllm applies (vLLM's SamplingParams); lower it, or run --engine hf")
     assert hf["hot"]["error"] is None and hf["hot"]["sampling"]["seed"] == 1
 

@@ -70,8 +70,8 @@ def known_run(tmp_path, tiny_dir):
     results = [
         ok_row(100, list(range(10)), 1.0), ok_row(100, list(range(20)), 2.0),
         ok_row(200, list(range(60)), 3.0), ok_row(50, list(range(50)), 4.0),
-        dict(error="/data/in.jsonl:line 5: field 'prompt' must be a string, got int"),
-        dict(error="/data/in.jsonl:line 6: field 'prompt' must be a string, got int"),
+        dict(error="/data/in.jsonl:row 4 (line 5): field 'prompt' must be a string, got int"),  # since issue 59
+        dict(error="/data/in.jsonl:line 6: field 'prompt' must be a string, got int"),  # before: the same message
     ]
     return write_run(tmp_path / "out", tiny_dir, records, results, SelectConfig(keep=0.2, chunk=8), extra_lines=3)
 
@@ -96,7 +96,7 @@ def test_summary_numbers(known_run):
     assert s.config["lookahead"] == 0 and s.config["pool"] == PAPER_SCORE["pool"]  # resolved (self:K's fallback)
     assert len(s.errors) == 1
     assert (s.errors[0].message, s.errors[0].count) == ("field 'prompt' must be a string, got int", 2)
-    assert s.errors[0].example.startswith("/data/in.jsonl:line 5:")
+    assert s.errors[0].example.startswith("/data/in.jsonl:row 4 (line 5):")
 
 
 def test_summary_labels_keep_rates_and_weighs_the_speculator_against_what_it_saved(known_run):

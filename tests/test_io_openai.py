@@ -89,7 +89,7 @@ def test_openai_round_trip(tmp_path, tiny_dir, batch_file, capsys):
     assert s["num_kept_tokens"] == s["num_prompt_tokens"] and s["keep_rate"] == 1.0, "body.keep overrides --keep"
     assert s["speculate_s"] == 0.0
 
-    message = f"{batch_file}:line 4: field 'messages' must be a non-empty list of {{role, content}} objects"
+    message = f"{batch_file}:row 3 (line 4): field 'messages' must be a non-empty list of {{role, content}} objects"
     assert bad["response"] == {"status_code": 400, "request_id": bad["response"]["request_id"],
                                "body": {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}}
     assert bad["error"] == {"code": "invalid_request_error", "message": message}

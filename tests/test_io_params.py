@@ -57,9 +57,9 @@ def test_sampling_fields_are_read_alike_from_plain_records_parquet_and_openai_bo
 ])
 def test_a_bad_sampling_value_is_an_error_naming_file_line_and_field(tmp_path, field, value, problem):
     error = one_error(tmp_path, json.dumps({"prompt": "x", field: value}))
-    assert error == f"{tmp_path}/one.jsonl:line 1: field {field!r} {problem}"
+    assert error == f"{tmp_path}/one.jsonl:row 0 (line 1): field {field!r} {problem}"
     line = {"custom_id": "c", "body": {"messages": [{"role": "user", "content": "x"}], field: value}}
-    assert one_error(tmp_path, json.dumps(line)) == f"{tmp_path}/one.jsonl:line 1: field 'body.{field}' {problem}"
+    assert one_error(tmp_path, json.dumps(line)) == f"{tmp_path}/one.jsonl:row 0 (line 1): field 'body.{field}' {problem}"
 
 
 PROMPT = "The harbour authority reviewed the budget for next year and published a short note. " * 4
@@ -103,12 +103,12 @@ def test_each_record_s_own_settings_are_applied_and_stored_in_its_row(rows):
     assert rows["top-k-1"]["sampling"]["top_k"] == 1 and rows["top-k-1"]["sampling"]["seed"] > 0, "its derived seed"
     assert rows["repeats"]["output"] != plain["output"] and rows["repeats"]["sampling"]["frequency_penalty"] == -2.0
     error = rows["unapplied"]["error"]
-    assert error.endswith("in.jsonl:line 5: field 'min_tokens' (3) is a generation parameter --engine hf does not "
+    assert error.endswith("in.jsonl:row 4 (line 5): field 'min_tokens' (3) is a generation parameter --engine hf does not "
                           "apply (it applies temperature, max_tokens, seed, top_p, top_k, min_p, presence_penalty, "
                           "frequency_penalty, repetition_penalty, stop); remove it from the record"), error
     assert rows["unapplied"]["output"] is None
     best_of = rows["best-of"]["error"]  # issue 59: it was read as data and ignored
-    assert best_of.endswith("in.jsonl:line 7: field 'best_of' (2; one output per record) is a generation parameter "
+    assert best_of.endswith("in.jsonl:row 6 (line 7): field 'best_of' (2; one output per record) is a generation parameter "
                             "--engine hf does not apply (it applies temperature, max_tokens, seed, top_p, top_k, min_p, "
                             "presence_penalty, frequency_penalty, repetition_penalty, stop); remove it from the record")
 

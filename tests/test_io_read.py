@@ -61,14 +61,14 @@ def one_error(tmp_path, line: bytes | str) -> str:
     ('{"id": ["x"], "prompt": "a"}', "field 'id' must be a non-empty string or integer, got ['x']"),
 ])
 def test_record_problems_name_file_line_and_field(tmp_path, line, message):
-    assert one_error(tmp_path, line) == f"{tmp_path}/one.jsonl:line 1: {message}"
+    assert one_error(tmp_path, line) == f"{tmp_path}/one.jsonl:row 0 (line 1): {message}"
 
 
 def test_invalid_utf8_is_an_error_row_and_reading_goes_on(tmp_path):
     path = tmp_path / "u.jsonl"
     path.write_bytes(b'{"id": "a", "prompt": "caf\xe9"}\n{"id": "b", "prompt": "fine"}\n')
     bad, good = records(path)
-    assert (bad.id, bad.error) == ("u:0", f"{path}:line 1: invalid UTF-8 at byte 26")
+    assert (bad.id, bad.error) == ("u:0", f"{path}:row 0 (line 1): invalid UTF-8 at byte 26")
     assert (good.id, good.prompt, good.error) == ("b", "fine", None)
 
 
@@ -80,7 +80,7 @@ def test_a_line_over_the_record_limit_is_skipped_without_being_held(tmp_path):
         f.write(b'{"id": "c", "prompt": "after"}')  # no final newline
     a, huge, c = records(path, limit=1 << 20)
     assert huge.id == "huge" and huge.prompt is None, "named by its own id (it was big:1)"
-    assert huge.error == f"{path}:line 2: record is {(3 << 20) + 28} bytes, more than --max-record-bytes {1 << 20}"
+    assert huge.error == f"{path}:row 1 (line 2): record is {(3 << 20) + 28} bytes, more than --max-record-bytes {1 << 20}"
     assert (a.prompt, c.prompt, c.row) == ("short", "after", 2)
 
 
@@ -107,9 +107,9 @@ def test_openai_request_lines(tmp_path):
     c1, c2, c3, c4, c5 = records(path)
     assert (c1.id, c1.custom_id, c1.endpoint, c1.max_tokens, c1.keep, c1.error) == ("c1", "c1", "/v1/chat/completions", 3, 0.5, None)
     assert (c2.prompt, c2.endpoint, c2.temperature, c2.error) == ("hello", "/v1/completions", 0.0, None)
-    assert c3.error == f"{path}:line 3: field 'url' must be /v1/chat/completions or /v1/completions, got '/v1/embeddings'"
-    assert c4.error == f"{path}:line 4: field 'body.n' must be 1 (one completion per request), got 2"
-    assert c5.error == f"{path}:line 5: a /v1/chat/completions request needs 'body.messages', not 'body.prompt'"
+    assert c3.error == f"{path}:row 2 (line 3): field 'url' must be /v1/chat/completions or /v1/completions, got '/v1/embeddings'"
+    assert c4.error == f"{path}:row 3 (line 4): field 'body.n' must be 1 (one completion per request), got 2"
+    assert c5.error == f"{path}:row 4 (line 5): a /v1/chat/completions request needs 'body.messages', not 'body.prompt'"
     assert c3.custom_id == "c3", "an error row still carries its custom_id"
 
 
@@ -239,7 +239,7 @@ def test_parquet_non_finite_numbers_and_openai_bodies_are_error_rows(tmp_path):
     a, b = records(path)
     assert a.error == f"{path}:row 0: field 'max_tokens' must be an integer, got nan"
     assert (b.max_tokens, b.keep, b.error) == (2, 0.5, None)
-    assert one_error(tmp_path, '{"custom_id": "c", "body": "text"}') == f"{tmp_path}/one.jsonl:line 1: field 'body' must be an object, got str"
+    assert one_error(tmp_path, '{"custom_id": "c", "body": "text"}') == f"{tmp_path}/one.jsonl:row 0 (line 1): field 'body' must be an object, got str"
 
 
 @pytest.mark.parametrize("text", ['[\n  {"prompt": "a"}\n]\n', '{\n  "prompt": "a"\n}\n'])
@@ -264,7 +264,7 @@ def test_openai_fields_that_are_no_generation_parameter_are_refused_by_name(tmp_
     if refused is None:
         assert error is None
     else:
-        assert error.startswith(f"{tmp_path}/one.jsonl:line 1: field 'body.{refused}' is not supported ("), error
+        assert error.startswith(f"{tmp_path}/one.jsonl:row 0 (line 1): field 'body.{refused}' is not supported ("), error
         assert error.endswith("; remove it from the request")
 
 

@@ -85,7 +85,7 @@ def test_resume_after_a_stop_equals_an_uninterrupted_run_and_keeps_catching_dupl
     assert (summary.rows, summary.failed, summary.rows_total) == (11, 1, 11)
     assert comparable(out) == comparable(ref)
     dup = comparable(out)[10]
-    assert dup[0] == "r1" and dup[-1] == f"{src}:line 11: duplicate id 'r1' (first at {src}:line 2); ids must be unique"
+    assert dup[0] == "r1" and dup[-1] == f"{src}:row 10 (line 11): duplicate id 'r1' (first at {src}:row 1 (line 2)); ids must be unique"
     (doc,) = read_manifests(out)
     assert doc["finished"] and doc["summary"] == {
         "rows_total": 11, "rows": 11, "rows_ok": 10, "failed": 1, "prompt_tokens": doc["summary"]["prompt_tokens"],

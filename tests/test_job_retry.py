@@ -45,7 +45,7 @@ def test_each_failed_row_is_named_then_counted_and_the_done_line_says_how_to_lis
     assert code == 0, err
     warnings = [line for line in err.splitlines() if line.startswith(("WARNING failed row", "WARNING 1 more"))]
     assert warnings == [
-        *(f"WARNING failed row 'in:{n}': {src}:line {n + 1}: malformed JSON (unexpected end of data at column 38)"
+        *(f"WARNING failed row 'in:{n}': {src}:row {n} (line {n + 1}): malformed JSON (unexpected end of data at column 38)"
           for n in range(2, 12)),
         "WARNING 1 more failed row not shown (the first 10 are above)",
     ]
@@ -55,7 +55,7 @@ def test_each_failed_row_is_named_then_counted_and_the_done_line_says_how_to_lis
     assert (code, stdout) == (0, f"nothing to do: 13 rows already done ({hint}); outputs in {out}\n")
     code, stdout, _ = cli(["inspect", str(out), "--failed"], capsys)
     assert code == 0 and stdout.splitlines() == [
-        f"in:{n}\t{src}:line {n + 1}: malformed JSON (unexpected end of data at column 38)" for n in range(2, 13)]
+        f"in:{n}\t{src}:row {n} (line {n + 1}): malformed JSON (unexpected end of data at column 38)" for n in range(2, 13)]
 
 
 def test_retry_failed_redoes_exactly_the_error_rows_in_place(tmp_path, tiny_dir, write_jsonl, capsys):
@@ -71,7 +71,7 @@ def test_retry_failed_redoes_exactly_the_error_rows_in_place(tmp_path, tiny_dir,
     assert code == 0, err
     assert "INFO retrying 4 failed rows" in err
     assert [line for line in err.splitlines() if line.startswith("WARNING")] == [
-        f"WARNING failed row 'in:3': {src}:line 4: malformed JSON (unexpected end of data at column 38)"]
+        f"WARNING failed row 'in:3': {src}:row 3 (line 4): malformed JSON (unexpected end of data at column 38)"]
     assert stdout.startswith(f"done: 7 rows in total (1 failed: `spcli inspect {out} --failed` lists them, "
                              "--retry-failed redoes them), prompt tokens ")
     assert "; this run: 0 new rows, 4 failed rows redone (3 now without error), prompt tokens " in stdout

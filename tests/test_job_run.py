@@ -92,9 +92,9 @@ def test_jsonl_output_format_and_error_rows(tmp_path, tiny_dir, write_jsonl):
     rows = {r["id"]: r for r in read_outputs(out)}
     assert len(rows) == 4 and list(out.glob("part-*.jsonl"))
     assert rows["ok"]["error"] is None
-    assert rows["bad"]["error"].endswith("in.jsonl:line 2: field 'prompt' must be a string, got int")
+    assert rows["bad"]["error"].endswith("in.jsonl:row 1 (line 2): field 'prompt' must be a string, got int")
     assert rows["bad"]["output"] is None
-    assert "line 3: malformed JSON" in rows["in:2"]["error"]
+    assert "in.jsonl:row 2 (line 3): malformed JSON" in rows["in:2"]["error"]
     assert "field 'messages' must be a non-empty list" in rows["m"]["error"]
 
 

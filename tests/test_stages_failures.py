@@ -78,7 +78,7 @@ def test_a_row_that_still_runs_out_of_memory_is_its_own_error_row(tmp_path, tiny
     assert code == 0, err
     rows = {r["id"]: r for r in read_outputs(tmp_path / "out")}
     n = rows["r1"]["num_prompt_tokens"]  # r0's prompt is as long; an error row reports 0
-    assert rows["r0"]["error"].endswith(f":line 1: model failed: out of memory on {n} prompt tokens (MemoryError)")
+    assert rows["r0"]["error"].endswith(f":row 0 (line 1): model failed: out of memory on {n} prompt tokens (MemoryError)")
     assert [i for i, r in rows.items() if r["error"]] == ["r0"]
 
 

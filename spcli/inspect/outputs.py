@@ -52,7 +52,8 @@ class RunOutputs:
             return pa.concat_tables([_as_text(t, self.pass_through) for t in tables], promote_options="permissive")
 
     def rows(self) -> Iterator[dict]:
-        """Every committed row as a dict (all columns, pass-through ones included), in input order."""
+        """Every committed row as a dict (all columns, pass-through ones included), in input order: an iterator,
+        one part read at a time (docs/guide/python.md: `list(run.rows())` for a list)."""
         for p in self.parts:
             yield from _read_part(p, self.columns, self.pass_through).to_pylist()
 

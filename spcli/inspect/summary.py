@@ -17,7 +17,8 @@ from spcli.io.shards import Shard
 from spcli.ray.pieces import not_started
 
 KEEP_BINS = 10  # keep-rate histogram: [0, 10%), [10%, 20%), ..., [90%, 100%]
-_WHERE = re.compile(r"^(?:.*?:(?:line|row) \d+: )+")  # "file.jsonl:line 3: " prefixes of error rows
+# "file.jsonl:row 2 (line 3): " prefixes of error rows (and "file.jsonl:line 3: ", as directories before issue 59 hold)
+_WHERE = re.compile(r"^(?:.*?:(?:line|row) \d+(?: \(line \d+\))?: )+")
 
 
 @dataclass

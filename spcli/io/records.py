@@ -53,8 +53,9 @@ class Record:
 
 
 def where(shard_path: str, row: int, kind: str | None) -> str:
-    """`file:line N` (1-based, JSONL) or `file:row N` (0-based, Parquet): how errors name a record."""
-    return f"{shard_path}:row {row}" if kind == "parquet" else f"{shard_path}:line {row + 1}"
+    """How errors name a record: `file:row N`, N counted from 0 as the default id `<stem>:N` and the output's `row`
+    column count; a JSONL record adds its 1-based line as an editor shows it, `file:row 1 (line 2)`."""
+    return f"{shard_path}:row {row}" if kind == "parquet" else f"{shard_path}:row {row} (line {row + 1})"
 
 
 def bad_record(shard: Shard, row: int, message: str) -> Record:

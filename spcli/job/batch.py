@@ -26,7 +26,7 @@ STOP_POLL_S = 0.5  # how often a stop is looked for while the loop waits for vLL
 
 
 def where_of(rec: Record, shard_paths: dict[int, str]) -> str:
-    """How an error names a record: `file:line N` (JSONL, 1-based) or `file:row N` (Parquet)."""
+    """How an error names a record: `file:row N (line N+1)` (JSONL) or `file:row N` (Parquet); spcli.io.records.where."""
     path = shard_paths[rec.shard]
     return where(path, rec.row, shard_kind(path))
 

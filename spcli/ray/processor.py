@@ -39,7 +39,7 @@ from spcli.config.sampling import NAMES, Sampling
 from spcli.errors import ConfigError
 from spcli.io.schema import SAMPLING
 
-SHARD_PATH = "dataset"  # how error messages name a dataset row: "dataset:line N" is not meaningful, ids are
+SHARD_PATH = "dataset"  # how error messages name a dataset row: "dataset:row N" is not meaningful, ids are
 _IDS = pa.list_(pa.int64())
 PREPARED_SCHEMA = pa.schema([
     ("id", pa.string()), ("custom_id", pa.string()), ("error", pa.string()), ("token_ids", _IDS), ("kept", _IDS),
@@ -134,7 +134,7 @@ class PrepareStage:
         self.engine, self.cfg = _engine(cfg, prepares=True)
 
     def __call__(self, batch):
-        from spcli.io.records import to_record
+        from spcli.io.records import to_record, where
         from spcli.io.schema import RowResult
         from spcli.io.shards import Shard
         from spcli.job.batch import prepared
@@ -151,7 +151,7 @@ class PrepareStage:
         out = {k: [] for k in PREPARED}
         for rec, item in zip(records, prepared(self.engine, records, self.cfg, {0: SHARD_PATH})):
             done = isinstance(item, RowResult)
-            error = (item.error.replace(f"{SHARD_PATH}:line {rec.row + 1}", f"record {rec.id}") if done else None)
+            error = (item.error.replace(where(SHARD_PATH, rec.row, "jsonl"), f"record {rec.id}") if done else None)
             kept = None if done else item.kept.tolist()
             values = dict(id=rec.id, custom_id=rec.custom_id, error=error, token_ids=None if done else item.token_ids,
                           kept=kept, max_tokens=None if done else item.max_tokens,
