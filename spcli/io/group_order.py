@@ -19,9 +19,9 @@ Reading in that order: plain JSONL reads each record where the first pass found 
 but the group being read); gzip JSONL and Parquet are read once from the start, holding the records of groups not
 yet finished (a shard whose documents' questions stand far apart holds that many records).
 
-Memory of the first pass, per million records: rows, keys, digests 24 MB (and 16 MB of line places for plain JSONL),
-then the order 8 MB + 8 MB per million groups (spcli/io/group_order.py: `Scan.nbytes`, `Order.nbytes`; measured by
-benches/group_order.py).
+Memory of the first pass, per million records: rows, keys, digests 25 MB (and 16 MB of line places for plain JSONL),
+then the order 8 MB + 8 MB per million groups (`Scan.nbytes`, `Order.nbytes`); ~122 MB at its peak while the order is
+sorted (benches/group_order.py, 1M records of 4-question documents).
 """
 
 from __future__ import annotations
