@@ -54,7 +54,7 @@ def cut_inside_word(text: str, offsets, units: torch.Tensor) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("unit", ["sentence", "word"])
+@pytest.mark.parametrize("unit", ["clause", "sentence", "word"])
 def test_no_unit_edge_falls_inside_a_word_under_either_tokenizer(unit, smollm2_dir, other_tokenizer_dir):
     rng = random.Random(0)
     for tok in tokenizers(smollm2_dir, other_tokenizer_dir):
