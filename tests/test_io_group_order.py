@@ -73,6 +73,35 @@ def test_a_resume_inside_a_group_reads_its_earlier_members_as_context(tmp_path, 
     assert [(r.id, r.is_context) for r in failed] == [(r.id, r.id != every[4].id) for r in every[3:6]]
 
 
+def test_the_block_scan_reads_what_the_line_scan_reads(tmp_path, monkeypatch):
+    """Plain JSONL's first pass (numpy over 8 MiB blocks) gives the line scan's arrays, digests included, on lines of
+    every kind: blank, not JSON, a chat, compact and spaced, CRLF, a nested prompt, an escaped quote, a number
+    prompt, escaped text; a BOM; no final newline; blocks cut anywhere."""
+    import dataclasses
+
+    from spcli.io import group_order
+
+    docs = ["doc one", "doc \\u00e9 two", 'doc with \\"quote\\" in', "line\\nbreak", "plain doc"]
+    kinds = ["", "   ", "{not json", '{"id": "m%d", "messages": [{"role": "user", "content": "x"}, {"role": "user", '
+             '"content": "q"}]}', '{"id":"c%d","prompt":"%s","question":"q"}', '{"id": "r%d", "prompt": "%s"}\r',
+             '{"meta": {"prompt": "x"}, "id": "n%d", "prompt": "%s"}', '{"id": "t%d", "q": "say \\"prompt", "prompt": "%s"}',
+             '{"id": "p%d", "prompt": 7}', '{"id": "k%d", "prompt": "%s", "question": "q"}']
+    rng = random.Random(0)
+    lines = []
+    for i in range(120):
+        kind = rng.choice(kinds)
+        lines.append(kind % ((i, rng.choice(docs)) if kind.count("%") == 2 else (i,) if "%" in kind else ()))
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())
+    shard = Shard(0, str(path), "mixed")
+    by_lines = group_order._scan_jsonl(dataclasses.replace(shard, rows=(0, 1000)), FIELDS, 1 << 20, "jsonl")
+    monkeypatch.setattr(group_order, "BLOCK_BYTES", 100)
+    by_blocks = group_order._scan_blocks(shard, FIELDS, 1 << 20)
+    for name in ("rows", "keys", "has_key", "own", "offsets", "lengths"):
+        assert getattr(by_blocks, name).tolist() == getattr(by_lines, name).tolist(), name
+    assert 0 < by_blocks.has_key.sum() < len(by_blocks.rows) < len(lines)
+
+
 def test_first_pass_memory_per_record(tmp_path, write_jsonl):
     path = write_jsonl(qa_rows() * 4)
     s = scan(Shard(0, str(path), "in"), FIELDS, 1 << 20)

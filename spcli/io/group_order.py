@@ -3,7 +3,10 @@
 A first pass over the shard (`scan`) keeps, per record, three 8-byte numbers in numpy arrays: its group key's digest
 (blake2b of its prompt-field text, of its messages but the last, or of its --group-field value), a digest of the
 record itself (its JSONL line; a Parquet row's values) and its row; for plain JSONL also where its line starts and
-its length. `order` makes of them the shard's processing order:
+its length. A whole plain JSONL file is scanned 8 MiB at a time with numpy (`_scan_blocks`: only the two digests
+are Python calls per record); a line whose prompt value has escapes (\\n, \\"), and gzip, Parquet, row ranges and
+--group-field, are parsed line by line (`_FastKey`, orjson), which costs about twice as much. `order` makes of them
+the shard's processing order:
 
 - a group is every record of one key (a record without a key is alone), cut into groups of at most --group-max in
   the order of the records' own digests (then rows: only identical records tie), never by where they stand; a
@@ -148,7 +151,129 @@ def scan(shard: Shard, fields: FieldConfig, limit: int) -> Scan:
         raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
 
 
+class _Fallback(Exception):
+    """A plain JSONL file the block scan leaves to the line scan (a line over the limit)."""
+
+
+BLOCK_BYTES = 8 << 20  # the block scan's reads
+
+
+def _scan_blocks(shard: Shard, fields: FieldConfig, limit: int) -> Scan:
+    """The first pass over a whole plain JSONL file, 8 MiB at a time: lines, offsets and the prompt field's value found
+    with numpy; per record only its two digests are Python calls. A line is read the fast way where it is `{...}`
+    (a trailing \\r allowed), names the prompt field once (as a key: after an unescaped quote) and neither the messages
+    field nor custom_id, and its value is a string without backslashes: the same lines, and the same digests, as
+    _FastKey's fast way; every other line goes through _FastKey."""
+    out = _Arrays(jsonl=True)
+    fast = _FastKey(fields)
+    tokens = [np.frombuffer(b'"' + n.encode() + b'"', dtype=np.uint8) for n in (fields.prompt, fields.messages, "custom_id")]
+    row, base, rest = 0, 0, b""
+    with open(shard.path, "rb") as f:
+        while True:
+            chunk = f.read(BLOCK_BYTES)
+            buf = rest + chunk if rest else chunk
+            cut = len(buf) if not chunk else buf.rfind(b"\n") + 1
+            if len(buf) - cut > limit:
+                raise _Fallback
+            if cut:
+                row = _scan_block(buf[:cut], base, row, out, fast, tokens, limit)
+                base += cut
+            rest = buf[cut:]
+            if not chunk:
+                return out.scan()
+
+
+def _scan_block(block: bytes, base: int, row: int, out: _Arrays, fast, tokens: list[np.ndarray], limit: int) -> int:
+    a = np.frombuffer(block, dtype=np.uint8)
+    n = len(a)
+    nl = np.flatnonzero(a == 10)
+    ends = nl if len(nl) and nl[-1] == n - 1 else np.append(nl, n)  # exclusive of the newline
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    sizes = np.minimum(ends + 1, n) - starts  # the line with its newline
+    if len(sizes) and (sizes.max() > limit + 1 or (ends[-1] == n and sizes[-1] > limit)):
+        raise _Fallback
+    m = len(starts)
+    clip = lambda i: a[np.clip(i, 0, n - 1)]
+    last = ends - 1 - (clip(ends - 1) == 13)  # the closing brace's place, before a \r
+    simple = (ends > starts) & (clip(starts) == 123) & (clip(last) == 125) & (last > starts)
+    if row == 0 and block.startswith(UTF8_BOM):
+        simple[0] = False
+    quotes = np.flatnonzero(a == 34)
+    escaped = quotes[(quotes > 0) & (clip(quotes - 1) == 92)]
+    if len(escaped):  # a quote after an odd run of backslashes is inside a string
+        odd = [q for q in escaped.tolist() if _backslashes_before(block, q) % 2 == 1]
+        quotes = np.setdiff1d(quotes, np.array(odd, dtype=np.int64), assume_unique=True)
+    found = []
+    for j, t in enumerate(tokens):
+        if j and t.tobytes() not in block:  # the messages field, custom_id: in few files
+            found.append(np.zeros(0, dtype=np.int64))
+            continue
+        cand = quotes[quotes + len(t) <= n]
+        cand = cand[a[cand + 1] == t[1]]  # most quotes open another name or a value
+        ok = np.ones(len(cand), dtype=bool)
+        for k in range(1, len(t)):
+            ok &= a[cand + k] == t[k]
+        found.append(cand[ok])
+    keys_at, others = found[0], np.concatenate(found[1:])
+    line_of = np.searchsorted(starts, keys_at, side="right") - 1
+    count = np.bincount(line_of, minlength=m)
+    count_others = np.bincount(np.searchsorted(starts, others, side="right") - 1, minlength=m)
+    after = keys_at + len(tokens[0])
+    colon, c2, c3 = clip(after) == 58, clip(after + 1), clip(after + 2)
+    vs = np.where(colon & (c2 == 34), after + 2, np.where(colon & (c2 == 32) & (c3 == 34), after + 3, -1))
+    qi = np.searchsorted(quotes, vs)
+    ve = quotes[np.minimum(qi, len(quotes) - 1)] if len(quotes) else vs
+    slashes = np.flatnonzero(a == 92)
+    no_slash = np.searchsorted(slashes, ve) == np.searchsorted(slashes, vs)
+    good = (vs >= 0) & (qi < len(quotes)) & (ve < ends[line_of]) & no_slash
+    is_fast = simple & (count == 1) & (count_others == 0)
+    is_fast[line_of[~good]] = False
+    pick = is_fast[line_of]
+    keys = np.zeros(m, dtype=np.uint64)
+    has = is_fast.copy()
+    own = np.zeros(m, dtype=np.uint64)
+    mv = memoryview(block)
+    person, blake, crc = b"text", hashlib.blake2b, zlib.crc32
+    fast_lines = line_of[pick]
+    keys[fast_lines] = np.frombuffer(b"".join(
+        [blake(mv[s:e], digest_size=8, person=person).digest() for s, e in zip(vs[pick].tolist(), ve[pick].tolist())]),
+        dtype="<u8")
+    own[fast_lines] = [crc(mv[s:e + 1]) for s, e in zip(starts[fast_lines].tolist(), last[fast_lines].tolist())]
+    is_record = is_fast.copy()
+    for i in np.flatnonzero(~is_fast).tolist():  # the line scan's way, line by line
+        text = block[int(starts[i]):int(ends[i])].strip()
+        if row + i == 0 and text.startswith(UTF8_BOM):
+            text = text[len(UTF8_BOM):].strip()
+        if not text:
+            continue  # blank lines are not records
+        is_record[i] = True
+        key = fast(text)
+        if key is not None:
+            keys[i], has[i] = int.from_bytes(key, "little"), True
+        own[i] = crc(text)
+    take = np.flatnonzero(is_record)
+    out.rows.extend((row + take).tolist())
+    out.keys += keys[take].astype("<u8").tobytes()
+    out.has += has[take].astype(np.uint8).tobytes()
+    out.own += own[take].astype("<u8").tobytes()
+    out.offsets.extend((base + starts[take]).tolist())
+    out.lengths.extend(sizes[take].tolist())
+    return row + m
+
+
+def _backslashes_before(block: bytes, at: int) -> int:
+    k = at - 1
+    while k >= 0 and block[k] == 92:
+        k -= 1
+    return at - 1 - k
+
+
 def _scan_jsonl(shard: Shard, fields: FieldConfig, limit: int, kind: str) -> Scan:
+    if kind == "jsonl" and shard.rows is None and fields.group is None:
+        try:
+            return _scan_blocks(shard, fields, limit)
+        except _Fallback:
+            pass
     out = _Arrays(jsonl=kind == "jsonl")
     stop = shard.rows[1] if shard.rows is not None else None
     fast = _FastKey(fields)
