@@ -18,7 +18,7 @@ commit counts records in this order (the shard's `next_row` is first_row + the r
 shard marked `order: groups` in the manifest), and a resume computes the same order from the same file and goes on
 from there; a resume point inside a group reads the group's earlier members again as context (`is_context`).
 
-Reading in that order: plain JSONL reads each record where the first pass found it (os.pread; no record is held
+Reading in that order: plain JSONL reads each record where the first pass found it (mmap; no record is held
 but the group being read); gzip JSONL and Parquet are read once from the start, holding the records of groups not
 yet finished (a shard whose documents' questions stand far apart holds that many records).
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
+import mmap
 import zlib
 from array import array
 from collections.abc import Iterator
@@ -441,11 +441,14 @@ def _read_at(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, d
              wanted_rows: set[int] | None) -> Iterator[Record]:
     """Plain JSONL: each record read where the first pass found it."""
     g0 = int(np.searchsorted(o.starts, done, side="right") - 1)
+    if not len(o.members):
+        return
     try:
-        fd = os.open(shard.path, os.O_RDONLY)
-    except OSError as e:
-        raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
-    try:
+        with open(shard.path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # slices of the page cache: no call per record
+    except (OSError, ValueError) as e:
+        raise InputError(f"{shard.path}: cannot read ({getattr(e, 'strerror', None) or e})") from e
+    with mm:
         first = int(o.starts[max(g0, 0)])
         for a in range(first, len(o.members), READ_CHUNK):  # plain lists a chunk at a time: numpy scalars are slow
             idx = o.members[a:a + READ_CHUNK]
@@ -454,7 +457,7 @@ def _read_at(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, d
             for k, (row, offset, length, g) in enumerate(zip(rows, offsets, lengths, groups)):
                 if wanted is not None and g not in wanted:
                     continue
-                data = os.pread(fd, length, offset)
+                data = mm[offset:offset + length]
                 if row in s.over_long:
                     rec = line_record(shard, row, None, s.over_long[row], data, "jsonl", fields, limit)
                 else:
@@ -462,8 +465,6 @@ def _read_at(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, d
                 if rec is None:
                     raise InputError(f"{shard.path}: line {row + 1} changed while the shard was read (now blank)")
                 yield _place(rec, g, a + k, shard.first_row, done, wanted_rows)
-    finally:
-        os.close(fd)
 
 
 def _read_through(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, done: int,
