@@ -45,3 +45,20 @@ def test_auto_placement_is_workers_on_gpus_and_the_driver_on_a_cpu():
     assert placement_for("auto", cpu, "on") == "workers"  # the overlap runs on the replicas' own threads
     assert placement_for("workers", cpu, "auto") == "workers" and placement_for("driver", gpu, "off") == "driver"
 
+
+
+def test_a_start_below_this_process_runs_nice_with_what_it_spawns_and_leaves_this_thread_as_it_was():
+    import os
+    import subprocess
+    import sys
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+
+    def make():  # what vLLM's start does: processes spawned from this thread
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"],
+                               capture_output=True, text=True, check=True)
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), int(child.stdout)
+
+    assert StartingRunner(make, nice=5).result() == (min(19, before + 5),) * 2
+    assert StartingRunner(make).result() == (before, before)  # nice 0: as this process
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before  # this thread, the one that scores, is untouched

@@ -15,6 +15,7 @@ from spcli.models.cpu_memory import MALLOC_ENV
 from spcli.models.files import read_model_config
 
 CPU_ENV_KVCACHE_GIB = "2"
+VLLM_CPU_NICE = 19  # vLLM's processes below this one where its speculator shares their CPU cores (start.py)
 
 
 def engine_dtype(cfg: RunConfig, is_cpu: bool) -> str:
@@ -77,3 +78,10 @@ def cpu_env_defaults(tp: int) -> dict[str, str]:
         "VLLM_CPU_KVCACHE_SPACE": CPU_ENV_KVCACHE_GIB,  # GiB of KV cache per rank
         **MALLOC_ENV,
     }
+
+
+def beside_speculator_env() -> dict[str, str]:
+    """vLLM's waits, when unset, for an engine started `VLLM_CPU_NICE` below the speculator (start.py): its start and
+    each of its steps make no headway while a speculator window holds the cores (minutes for long prompts on a few
+    cores), so its ready and step timeouts (600 s and 300 s in vLLM 0.32) are an hour instead."""
+    return {"VLLM_ENGINE_READY_TIMEOUT_S": "3600", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from spcli.config.run import RunConfig
-from spcli.engines.vllm.driver.args import cpu_env_defaults, engine_args
+from spcli.engines.vllm.driver.args import VLLM_CPU_NICE, beside_speculator_env, cpu_env_defaults, engine_args
 from spcli.engines.vllm.driver.liveness import import_vllm, raise_engine_died, raise_if_engine_dies
 from spcli.engines.vllm.driver.replicas import WorkerSpeculator
 from spcli.engines.vllm.driver.start import StartingRunner
@@ -88,12 +88,11 @@ class VllmEngine:
         self.owns_runner = runner is None
         max_prompt_len = cfg.vllm.max_prompt_len  # an already started runner: the flag's bound, no reserve here
         self.in_background = runner is None and run.scores_while_vllm_starts
-        self.threads = torch.get_num_threads()  # this process's; one fewer while vLLM starts beside it
         if runner is None:
             make, max_prompt_len, self.num_ranks = self._runner_maker(platform, base, device)
-            if self.in_background:  # vLLM's start runs mostly on one core: the speculator leaves it that one
-                torch.set_num_threads(max(1, self.threads - 1))
-            self.starting = StartingRunner(make) if self.in_background else StartingRunner.of(make())
+            # the speculator beside vLLM on the same cores: vLLM's processes run below it (start.py, issue 58)
+            nice = VLLM_CPU_NICE if self.scores else 0
+            self.starting = StartingRunner(make, nice=nice) if self.in_background else StartingRunner.of(make())
         else:  # a started runner, or one starting (a StartingRunner: tests)
             self.starting = runner if isinstance(runner, StartingRunner) else StartingRunner.of(runner)
             self.in_background = not self.starting.done()
@@ -118,14 +117,7 @@ class VllmEngine:
     @property
     def runner(self):
         """The started VllmRunner (waits while vLLM starts in the background; its start's error is raised here)."""
-        runner = self.starting.result()
-        self._all_threads()
-        return runner
-
-    def _all_threads(self) -> None:
-        """This process's torch threads as they were before vLLM's start (called on the thread that scores)."""
-        if torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
+        return self.starting.result()
 
     def _runner_maker(self, current_platform, base: files.BaseFiles, device):
         """(what starts the runner, the longest prompt the speculator's reserve is sized for or None without a
@@ -135,7 +127,10 @@ class VllmEngine:
         args = engine_args(self.cfg, base.path, current_platform.is_cpu(), self.dtype)
         max_prompt_len = self.cfg.vllm.max_prompt_len  # None: the base's positions (tokenize's own bound)
         if current_platform.is_cpu():
-            for key, value in cpu_env_defaults(args["tensor_parallel_size"]).items():
+            env = cpu_env_defaults(args["tensor_parallel_size"])
+            if self.in_background and self.scores:  # started below the speculator (start.py)
+                env.update(beside_speculator_env())
+            for key, value in env.items():
                 os.environ.setdefault(key, value)
         elif "gpu_memory_utilization" not in args and self._shares_gpu(args["tensor_parallel_size"], device):
             index = (device.index or 0) if self.placement == "driver" else 0
@@ -233,7 +228,7 @@ class VllmEngine:
 
         from spcli.engines.vllm.driver.stream import VllmStream
 
-        stream = VllmStream(self.starting, self.num_ranks, on_ready=self._all_threads)
+        stream = VllmStream(self.starting, self.num_ranks)
         try:
             with raise_if_engine_dies(self.starting):
                 yield stream
@@ -247,9 +242,7 @@ class VllmEngine:
                 pass
 
     def close(self) -> None:
-        """Stop vLLM where this engine started it (after its start, where that is still under way); this process's
-        torch threads as they were (a run stopped while vLLM started left them one fewer)."""
-        self._all_threads()
+        """Stop vLLM where this engine started it (after its start, where that is still under way)."""
         if self.owns_runner:
             try:
                 runner = self.runner

@@ -6,6 +6,12 @@ large model on GPUs), and the caller waits on a socket all that time. Where the 
 on the CPU (`--speculator-placement driver`, auto's pick on a CPU), the job loop scores its first windows
 meanwhile (spcli.job.batch.stream_rows) and submits them once vLLM is up.
 
+There the speculator and vLLM share the same cores, and two sets of OpenMP threads on them slow both (each waits
+at its barriers for a thread the other set holds): the speculator took 2.2-2.8x its hf engine time beside vLLM
+(issue 58). So the start runs `nice` lower (`nice`, per thread on Linux): the processes it spawns, vLLM's engine
+core and workers, inherit it, and run on what this process's speculator leaves; whenever it does not run, they
+have the cores as before.
+
     starting = StartingRunner(make)    # make() -> a VllmRunner, called on a thread
     starting.done()                    # started, or failed to, without waiting
     starting.wait(timeout)             # the same, waiting up to `timeout` seconds
@@ -15,27 +21,32 @@ meanwhile (spcli.job.batch.stream_rows) and submits them once vLLM is up.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
 
 class StartingRunner:
-    def __init__(self, make: Callable[[], Any] | None, runner=None):
+    def __init__(self, make: Callable[[], Any] | None, runner=None, nice: int = 0):
+        """`nice`: how much lower the start thread, and so every process and thread it starts, runs than this one."""
         self._done = threading.Event()
         self._runner: Any = runner
         self._error: BaseException | None = None
         if make is None:
             self._done.set()
             return
-        threading.Thread(target=self._start, args=(make,), name="spcli-vllm-start", daemon=True).start()
+        threading.Thread(target=self._start, args=(make, nice), name="spcli-vllm-start", daemon=True).start()
 
     @classmethod
     def of(cls, runner) -> StartingRunner:
         return cls(None, runner)
 
-    def _start(self, make: Callable[[], Any]) -> None:
+    def _start(self, make: Callable[[], Any], nice: int) -> None:
         try:
+            if nice:  # this thread only (Linux keeps a nice value per thread); what it spawns inherits it
+                tid = threading.get_native_id()
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
             self._runner = make()
         except BaseException as e:  # noqa: BLE001 (raised to whoever asks for the runner)
             self._error = e

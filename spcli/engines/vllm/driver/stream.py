@@ -28,12 +28,10 @@ HEAD_START_WINDOWS = 4  # first windows scored while vLLM starts (vllm_start.py)
 
 
 class VllmStream:
-    def __init__(self, starting, num_ranks: int, on_ready=lambda: None):
-        """`starting`: the engine's vllm_start.StartingRunner (vLLM may still be starting); `num_ranks`: its workers;
-        `on_ready()`: called once, on the thread that first sees vLLM started."""
+    def __init__(self, starting, num_ranks: int):
+        """`starting`: the engine's vllm_start.StartingRunner (vLLM may still be starting); `num_ranks`: its workers."""
         self.starting = starting
         self.num_ranks = num_ranks
-        self.on_ready = on_ready
         self.keys = itertools.count()
         self.started: dict[str, tuple[PrunedRequest, float]] = {}  # key -> (request, time added)
 
@@ -47,11 +45,7 @@ class VllmStream:
 
     def is_ready(self) -> bool:
         """vLLM has started (or failed to: `runner` raises its error); no wait."""
-        if not self.starting.done():
-            return False
-        hook, self.on_ready = self.on_ready, lambda: None
-        hook()
-        return True
+        return self.starting.done()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether vLLM has started (or failed to) within `timeout` seconds (None: until it has)."""
