@@ -22,6 +22,7 @@ have the cores as before.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -44,9 +45,8 @@ class StartingRunner:
 
     def _start(self, make: Callable[[], Any], nice: int) -> None:
         try:
-            if nice:  # this thread only (Linux keeps a nice value per thread); what it spawns inherits it
-                tid = threading.get_native_id()
-                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+            if nice:
+                _lower_this_thread(nice)
             self._runner = make()
         except BaseException as e:  # noqa: BLE001 (raised to whoever asks for the runner)
             self._error = e
@@ -69,3 +69,15 @@ class StartingRunner:
     def started(self):
         """The runner where it started; None while it starts or where its start failed (no wait)."""
         return self._runner if self.done() else None
+
+
+def _lower_this_thread(nice: int) -> None:
+    """This thread `nice` levels lower (Linux keeps a nice value per thread; the processes and threads it starts
+    inherit it). Elsewhere (macOS: a thread id is no process id for setpriority) vLLM keeps this process's priority."""
+    if not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError:
+        pass
