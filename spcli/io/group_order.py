@@ -363,7 +363,7 @@ def _scan_parquet(shard: Shard, fields: FieldConfig) -> Scan:
     columns = list(dict.fromkeys(c for c in wanted if c is not None and c in names))
     first, stop = shard.first_row, (shard.rows[1] if shard.rows is not None else None)
     row = 0
-    for batch in pf.iter_batches(batch_size=4096, columns=columns, use_threads=False):
+    for batch in _batches(pf, columns, shard):
         try:
             values = batch.to_pylist()
         except UnicodeDecodeError:
@@ -377,6 +377,27 @@ def _scan_parquet(shard: Shard, fields: FieldConfig) -> Scan:
                 out.add(row, key_digest(obj, fields.prompt, fields.messages, fields.group), own)
             row += 1
     return out.scan()
+
+
+def _batches(pf, columns: list[str], shard: Shard):
+    """The file's record batches, row group by row group; unreadable data is the InputError read.py raises for it."""
+    import pyarrow as pa
+
+    from spcli.errors import InputError
+
+    first = 0
+    for g in range(pf.num_row_groups):
+        num_rows = pf.metadata.row_group(g).num_rows
+        batches = pf.iter_batches(batch_size=4096, row_groups=[g], columns=columns, use_threads=False)
+        while True:
+            try:
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as e:
+                raise InputError(f"{shard.path}: corrupt Parquet data in row group {g} (rows {first}-{first + num_rows - 1}): {e}") from e
+            if batch is None:
+                break
+            yield batch
+        first += num_rows
 
 
 def order(s: Scan, group_max: int) -> Order:
