@@ -135,6 +135,7 @@ def run_hf(cfg, docs: dict[int, list[dict]], engines: list[str], warm: dict) -> 
                     (row,) = run_batch(engine, [record_of(doc, 0)], configs[name], SHARD)
                     out.append({"engine": name, "length": n, "doc": doc["doc_id"],
                                 **account(time.perf_counter() - t0, clock.take(), row)})
+                    print(f"lengths: {json.dumps(out[-1])}", file=sys.stderr, flush=True)
     return out
 
 
@@ -154,6 +155,7 @@ def run_vllm(cfg, docs: dict[int, list[dict]], engines: list[str], warm: dict) -
             for doc in group:
                 for name in engines:
                     out.append({"engine": name, "length": n, "doc": doc["doc_id"], **one_vllm(engine, doc, name, clock)})
+                    print(f"lengths: {json.dumps(out[-1])}", file=sys.stderr, flush=True)
     engine.close()
     return out
 
@@ -246,13 +248,14 @@ def table(summary: list[dict], reference: str) -> str:
 
 def child(args) -> list[dict]:
     """The engines of one process (--only hf or vllm), in order; their rows."""
-    from spcli.config.run import GenerateConfig, RunConfig
+    from spcli.config.run import GenerateConfig, RunConfig, VllmConfig
     from spcli.models import lookup
     from spcli.models.files import load_tokenizer
 
     engines = [e for e in args.engines.split(",") if IN_PROCESS[e] == args.only]
     cfg = RunConfig(inputs=("-",), out="-", model=args.model, speculator=args.speculator, engine=args.only,
-                    dtype=args.dtype, select=select_config(args), generate=GenerateConfig(max_tokens=args.max_tokens))
+                    dtype=args.dtype, select=select_config(args), generate=GenerateConfig(max_tokens=args.max_tokens),
+                    vllm=VllmConfig(max_model_len=args.max_model_len))
     tokenizer = load_tokenizer(lookup.locate(args.model))
     docs = documents(tokenizer, [int(x) for x in args.lengths.split(",")], args.docs, args.seed)
     warm = make_document(tokenizer, 999, 1, min(600, min(docs)), args.seed)
@@ -277,6 +280,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--max-prune-cost", type=float, default=None, help="default: spcli run's (inf: always prune)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--max-model-len", type=int, default=None, help="vLLM's (a smaller KV cache fits a busy machine)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="a folder for lengths.json and lengths.md")
     ap.add_argument("--only", choices=("hf", "vllm"), help=argparse.SUPPRESS)  # a child process: its JSON rows out
@@ -298,12 +302,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows += child(argparse.Namespace(**{**vars(args), "only": "hf"}))  # this process: no vLLM beside it
             continue
         proc = subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--only", kind],
-                              capture_output=True, text=True)
+                              stdout=subprocess.PIPE, text=True)  # its log goes to this one's stderr as it runs
         found = [line for line in proc.stdout.splitlines() if line.startswith("LENGTHS-ROWS ")]
-        if proc.returncode or not found:
-            raise SystemExit(f"the {kind} process exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        if proc.returncode or not found:  # the other processes' rows are still reported
+            print(f"the {kind} process exited {proc.returncode}: its engines are left out", file=sys.stderr, flush=True)
+            continue
         rows += json.loads(found[-1].removeprefix("LENGTHS-ROWS "))
-    reference = args.reference or ("plain" if "plain" in engines else "full")
+    if not rows:
+        raise SystemExit("no engine ran to its end")
+    reference = args.reference or ("plain" if "plain" in {r["engine"] for r in rows} else "full")
     tokenizer = load_tokenizer(lookup.locate(args.model))
     docs = documents(tokenizer, [int(x) for x in args.lengths.split(",")], args.docs, args.seed)
     answers = {d["doc_id"]: d["facts"][0][1] for group in docs.values() for d in group}
