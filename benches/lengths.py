@@ -201,7 +201,13 @@ def limits(cfg, stack, n: int, kept: float) -> tuple[float, float]:
     from spcli.plan.flops import prefill_flops, speculator_flops, speedup_limit
     from spcli.stages.pays import shapes
 
-    pair = shapes(stack.path, stack.speculator_name, stack.located[1] if stack.located else None)
+    from spcli.models import lookup
+    from spcli.models.speculator import parse_self
+
+    spec_path = stack.located[1] if stack.located else None  # None where the stack did not load its speculator
+    if spec_path is None and parse_self(stack.speculator_name) is None:
+        spec_path = lookup.locate(stack.speculator_name)
+    pair = shapes(stack.path, stack.speculator_name, spec_path)
     if pair is None:
         return float("nan"), float("nan")
     base, spec = pair
