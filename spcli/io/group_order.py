@@ -381,22 +381,12 @@ def _scan_parquet(shard: Shard, fields: FieldConfig) -> Scan:
 
 def _batches(pf, columns: list[str], shard: Shard):
     """The file's record batches, row group by row group; unreadable data is the InputError read.py raises for it."""
-    import pyarrow as pa
-
-    from spcli.errors import InputError
+    from spcli.io.parquet import row_group_batches
 
     first = 0
     for g in range(pf.num_row_groups):
         num_rows = pf.metadata.row_group(g).num_rows
-        batches = pf.iter_batches(batch_size=4096, row_groups=[g], columns=columns, use_threads=False)
-        while True:
-            try:
-                batch = next(batches, None)
-            except (pa.ArrowException, OSError) as e:
-                raise InputError(f"{shard.path}: corrupt Parquet data in row group {g} (rows {first}-{first + num_rows - 1}): {e}") from e
-            if batch is None:
-                break
-            yield batch
+        yield from row_group_batches(pf, g, first, num_rows, columns, shard, batch_size=4096)
         first += num_rows
 
 

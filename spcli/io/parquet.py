@@ -79,10 +79,11 @@ def read_parquet(shard: Shard, fields: FieldConfig, start_row: int, limit: int) 
         first += num_rows
 
 
-def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, columns: list[str], shard: Shard,
-                    fields: FieldConfig, start_row: int, limit: int) -> Iterator[Record]:
-    row = first
-    batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[g], columns=columns, use_threads=False)
+def row_group_batches(pf: pq.ParquetFile, g: int, first: int, num_rows: int, columns: list[str], shard: Shard,
+                      batch_size: int = PARQUET_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Row group g's record batches (its rows first .. first + num_rows - 1); unreadable data is an InputError naming
+    the file, the row group and its rows."""
+    batches = pf.iter_batches(batch_size=batch_size, row_groups=[g], columns=columns, use_threads=False)
     while True:
         try:
             batch = next(batches, None)
@@ -90,6 +91,13 @@ def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, colum
             raise InputError(f"{shard.path}: corrupt Parquet data in row group {g} (rows {first}-{first + num_rows - 1}): {e}") from e
         if batch is None:
             return
+        yield batch
+
+
+def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, columns: list[str], shard: Shard,
+                    fields: FieldConfig, start_row: int, limit: int) -> Iterator[Record]:
+    row = first
+    for batch in row_group_batches(pf, g, first, num_rows, columns, shard):
         if row + batch.num_rows <= start_row:
             row += batch.num_rows
             continue
