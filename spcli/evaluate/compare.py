@@ -40,7 +40,7 @@ from spcli.stages.request import Generation, PrunedRequest
 from spcli.stages.restate import restated_for
 from spcli.stages.select import is_over_budget
 from spcli.stages.tokenize import Layout, cross_tokenize, encode, tokenize, tokenize_units
-from spcli.stages.units import cut_values
+from spcli.stages.units import cut_values, value_kinds
 
 
 def load_models(cfg: EvalConfig) -> ModelStack:
@@ -109,7 +109,7 @@ def needle_spans(tokenizer, example: Example, ids: list[int]) -> list[tuple[int,
 
 
 def _row(example, selector, keep, n, kept, gen: Generation, ref: Generation, text, spans, cfg, timing,
-         enc=None) -> dict:
+         enc=None, kinds=None) -> dict:
     has_answers = bool(example.answers)
     is_kept = np.zeros(n, dtype=np.bool_)
     is_kept[kept.numpy()] = True
@@ -124,7 +124,7 @@ def _row(example, selector, keep, n, kept, gen: Generation, ref: Generation, tex
         "f1": metrics.token_f1(text, example.answers, example.require_all) if has_answers else None,
         "needle_kept": metrics.covered(kept, spans), "output": text, **timing,
         # value words (numbers, codes, names) dropped right after a kept word: a fact cut from its subject
-        "cut_values": None if enc is None else len(cut_values(enc.text, enc.offsets[:n], is_kept)),
+        "cut_values": None if enc is None else len(cut_values(enc.text, enc.offsets[:n], is_kept, kinds)),
     }
 
 
@@ -174,8 +174,10 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
     result = ExampleResult()
     enc = encode(Record(0, 0, example.id, prompt=example.prompt, messages=example.messages), m.tokenizer)
     enc = enc if enc.ids[:n] == ids else None  # the text of the ids, where tokenize kept them as they are
+    kinds = None if enc is None else value_kinds(enc.text, enc.offsets[:n])  # once: every kept set reads them
     result.rows.append(_row(example, "full", 1.0, n, everything, ref, ref, ref_text, spans, cfg,
-                            {"ttft_s": ref.prefill_s, "prefill_s": ref.prefill_s, "selector_s": 0.0, "select_s": 0.0}, enc))
+                            {"ttft_s": ref.prefill_s, "prefill_s": ref.prefill_s, "selector_s": 0.0, "select_s": 0.0},
+                            enc, kinds))
 
     if signals is None:
         signals = example_signals(m, example, ids, cfg)
@@ -226,7 +228,7 @@ def evaluate_example(m: ModelStack, example: Example, cfg: EvalConfig, signals: 
             timing = {"ttft_s": cost + select_s[s] + share[s], "prefill_s": share[s], "selector_s": cost,
                       "select_s": select_s[s]}
             text = gens[s].text
-            result.rows.append(_row(example, s, keep, n, chosen[s], gens[s], ref, text, spans, cfg, timing, enc))
+            result.rows.append(_row(example, s, keep, n, chosen[s], gens[s], ref, text, spans, cfg, timing, enc, kinds))
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
                 result.overlaps.append({"id": example.id, "task": example.task, "keep": keep, "a": a, "b": b,

@@ -15,7 +15,7 @@ A unit's edges fall where the text allows a cut, read from the tokenizer's chara
                        pieces of about `chunk` tokens that end on word starts, but never before a value word nor
                        before either of the BIND words that come right before one (so a number, code, date or
                        name stays in one unit with the words that say what it is), unless a piece reaches
-                       max_unit tokens with no other place to cut
+                       max(max_unit, chunk) tokens with no other place to cut
     unit = "sentence"  a sentence (or line) of at most `max_unit` tokens is one unit; a longer one is split
                        into pieces of about `chunk` tokens that end on word starts (what ran before clauses)
     unit = "word"      pieces of about `chunk` tokens that end on word starts
@@ -101,6 +101,15 @@ def value_words(text: str, offsets: Sequence[Span], is_word: np.ndarray, is_open
     return out
 
 
+def opens(offsets: Sequence[Span], is_word: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """[n] bool: token i is the word start that opens a span (`edges`: ascending character positions where spans
+    begin, sentence_starts or clause_starts)."""
+    n = len(offsets)
+    ends = np.fromiter((max(a, b - 1) for a, b in offsets), dtype=np.int64, count=n)  # a token's last character
+    span = np.searchsorted(edges, ends, side="right")  # [n] span of each token
+    return is_word & np.concatenate([[True], span[1:] != span[:-1]])
+
+
 def unit_ids(text: str, offsets: Sequence[Span], unit: str, chunk: int, max_unit: int) -> torch.Tensor:
     """[n] int64 unit of each token: 0, 0, 1, 1, 1, 2, ... (non-decreasing, consecutive)."""
     n = len(offsets)
@@ -109,10 +118,7 @@ def unit_ids(text: str, offsets: Sequence[Span], unit: str, chunk: int, max_unit
     is_word = word_starts(text, offsets)
     is_cut = is_word
     if unit in ("sentence", "clause"):
-        ends = np.fromiter((max(a, b - 1) for a, b in offsets), dtype=np.int64, count=n)  # a token's last character
-        edges = sentence_starts(text) if unit == "sentence" else clause_starts(text)
-        span = np.searchsorted(edges, ends, side="right")  # [n] sentence or clause of each token
-        is_new = is_word & np.concatenate([[True], span[1:] != span[:-1]])
+        is_new = opens(offsets, is_word, sentence_starts(text) if unit == "sentence" else clause_starts(text))
         if unit == "clause":
             is_cut = is_word & ~bound(is_word, value_words(text, offsets, is_word, is_new))
     else:  # one span, split into pieces
@@ -176,20 +182,19 @@ def restrict(units: torch.Tensor, kept: Sequence[int]) -> torch.Tensor:
     return torch.cumsum(is_new.long(), 0) - 1
 
 
-def cut_values(text: str, offsets: Sequence[Span], is_kept: np.ndarray) -> list[int]:
-    """Token indices where a value word (value_words: a number, code, date or capitalised name) starts that was
-    dropped while the word right before it was kept: a fact cut from its subject (issue 56). is_kept: [n] bool."""
-    n = len(offsets)
-    if n == 0:
-        return []
+def value_kinds(text: str, offsets: Sequence[Span]) -> tuple[np.ndarray, np.ndarray]:
+    """(is_word, kinds): word_starts and value_words of a text, clauses as unit clause reads them."""
     is_word = word_starts(text, offsets)
-    ends = np.fromiter((max(a, b - 1) for a, b in offsets), dtype=np.int64, count=n)
-    span = np.searchsorted(clause_starts(text), ends, side="right")
-    is_open = is_word & np.concatenate([[True], span[1:] != span[:-1]])
-    kinds = value_words(text, offsets, is_word, is_open)
+    return is_word, value_words(text, offsets, is_word, opens(offsets, is_word, clause_starts(text)))
+
+
+def cut_values(text: str, offsets: Sequence[Span], is_kept: np.ndarray,
+               kinds: tuple[np.ndarray, np.ndarray] | None = None) -> list[int]:
+    """Token indices where a value word (value_words: a number, code, date or capitalised name) starts that was
+    dropped while the word right before it was kept: a fact cut from its subject (issue 56). is_kept: [n] bool;
+    `kinds`: value_kinds(text, offsets) where the caller has them (one prompt, several kept sets)."""
+    if len(offsets) == 0:
+        return []
+    is_word, kinds = value_kinds(text, offsets) if kinds is None else kinds
     words = np.flatnonzero(is_word & (kinds >= 0)).tolist()  # word starts, blanks aside
-    out = []
-    for prev, cur in zip(words[:-1], words[1:]):
-        if kinds[cur] == 1 and not is_kept[cur] and is_kept[prev]:
-            out.append(cur)
-    return out
+    return [cur for prev, cur in zip(words[:-1], words[1:]) if kinds[cur] == 1 and not is_kept[cur] and is_kept[prev]]
