@@ -114,31 +114,20 @@ def _asked(rng, facts, body_of):
     return build, asked, question
 
 
-def factsinline(rng, filler, length, _):
-    facts = make_facts(rng, NUM_FACTS)
-    body, needles = _prose_with(rng, filler, facts, inline)
-    build, asked, question = _asked(rng, facts, body)
-    return _result(build, facts, asked, question, needles)
+def _in_prose(place: Placement, bare: bool = False):
+    """The builder of NUM_FACTS facts set into prose by `place`, one asked; `bare`: every sentence mark then removed."""
+
+    def builder(rng, filler, length, _):
+        facts = make_facts(rng, NUM_FACTS)
+        body, needles = _prose_with(rng, filler, facts, place)
+        text = (lambda num_tokens: strip_marks(body(num_tokens))) if bare else body
+        build, asked, question = _asked(rng, facts, text)
+        return _result(build, facts, asked, question, [strip_marks(n) for n in needles] if bare else needles)
+
+    return builder
 
 
-def facts_long(rng, filler, length, _):
-    facts = make_facts(rng, NUM_FACTS)
-    body, needles = _prose_with(rng, filler, facts, in_long)
-    build, asked, question = _asked(rng, facts, body)
-    return _result(build, facts, asked, question, needles)
-
-
-def facts_bare(rng, filler, length, _):
-    facts = make_facts(rng, NUM_FACTS)
-    body, needles = _prose_with(rng, filler, facts, inline)
-
-    def bare(num_tokens):
-        return strip_marks(body(num_tokens))
-
-    needles = [strip_marks(n) for n in needles]
-
-    build, asked, question = _asked(rng, facts, bare)
-    return _result(build, facts, asked, question, needles)
+facts_inline, facts_long, facts_bare = _in_prose(inline), _in_prose(in_long), _in_prose(inline, bare=True)
 
 
 def strip_marks(text: str) -> str:
@@ -210,7 +199,7 @@ def _result(build, facts, asked, question, needles):
 
 
 BUILDERS = {  # task -> (builder, number of needles, max_tokens, all answers required): as tasks.BUILDERS
-    "facts-inline": (factsinline, NUM_FACTS, 24, False), "facts-long": (facts_long, NUM_FACTS, 24, False),
+    "facts-inline": (facts_inline, NUM_FACTS, 24, False), "facts-long": (facts_long, NUM_FACTS, 24, False),
     "facts-list": (facts_list, NUM_FACTS, 24, False), "facts-table": (facts_table, 1, 24, False),
     "facts-bare": (facts_bare, NUM_FACTS, 24, False),
 }
