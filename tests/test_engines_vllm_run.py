@@ -793,9 +793,10 @@ def _natural_head(kept: list[int]) -> int:
 def test_pruned_rows_share_a_protected_system_prompt_through_vllms_prefix_cache(shared_engine, monkeypatch, tiny_dir,
                                                                                  tmp_path):
     """Three records of other documents, one long system prompt (kept whole: --protect system, the default), each
-    pruned alone: the plugin's position-aware block hashes let the second and third find the system prompt's full
-    blocks in vLLM's prefix cache (RequestOutput.num_cached_tokens); with a salt per kept set (what runs where the
-    plugin is not loaded) none does."""
+    pruned alone (under the default --groups shard too: their shared part, the system prompt, is under --min-tokens
+    and their own messages have more to drop than they keep: spcli.stages.share.has_long_own): the plugin's
+    position-aware block hashes let the second and third find the system prompt's full blocks in vLLM's prefix cache
+    (RequestOutput.num_cached_tokens); with a salt per kept set (what runs where the plugin is not loaded) none does."""
     from spcli.engines.vllm.driver.base_pass import VllmRunner
 
     system = "You answer questions about island life. " + " ".join(FACTS * 6)
@@ -815,7 +816,7 @@ def test_pruned_rows_share_a_protected_system_prompt_through_vllms_prefix_cache(
         monkeypatch.setattr(shared_engine, "positions_hashed", hashed)
         code, output, exc = spcli_run(str(jl), "--out", str(tmp_path / f"h{hashed}"), "--engine", "vllm",
                                       "--speculator", str(tiny_dir), *COMMON, "--keep", "0.3", "--max-prune-cost", "inf",
-                                      "--lookahead", "0", "--batch-size", "1", "--groups", "off")  # each alone: the records share only a system prompt under --min-tokens, which --groups shard prefills whole
+                                      "--lookahead", "0", "--batch-size", "1")
         assert code == 0, (output, exc)
         out = read_rows(tmp_path / f"h{hashed}")
         heads = {rid: _natural_head(r["kept_indices"]) for rid, r in out.items()}
@@ -837,6 +838,7 @@ def test_the_same_shard_in_three_orders_gives_the_same_rows_on_vllm(shared_engin
     from test_stages_share import DOCS, qa_rows
 
     rows, got = qa_rows(DOCS[:2]), []
+        assert "3 rows alone that could share (own part long 3)" in " ".join(output.split()), output
     for seed in (None, 2, 7):
         order = rows if seed is None else random.Random(seed).sample(rows, len(rows))
         out = tmp_path / f"out{seed}"

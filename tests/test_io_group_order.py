@@ -1,6 +1,7 @@
 """--groups shard (spcli/io/group_order.py): a document's records grouped wherever they stand in their shard, so a
 record's row does not depend on the order of its shard's records; old directories resume with the consecutive rule."""
 
+import dataclasses
 import gzip
 import json
 import random
@@ -96,7 +97,8 @@ def test_the_block_scan_reads_what_the_line_scan_reads(tmp_path, monkeypatch):
     shard = Shard(0, str(path), "mixed")
     by_lines = group_order._scan_jsonl(dataclasses.replace(shard, rows=(0, 1000)), FIELDS, 1 << 20, "jsonl")
     monkeypatch.setattr(group_order, "BLOCK_BYTES", 100)
-    by_blocks = group_order._scan_blocks(shard, FIELDS, 1 << 20)
+    with open(path, "rb") as f:
+        by_blocks = group_order._scan_blocks(f, FIELDS, 1 << 20)
     for name in ("rows", "keys", "has_key", "own", "offsets", "lengths"):
         assert getattr(by_blocks, name).tolist() == getattr(by_lines, name).tolist(), name
     assert 0 < by_blocks.has_key.sum() < len(by_blocks.rows) < len(lines)
@@ -107,6 +109,53 @@ def test_first_pass_memory_per_record(tmp_path, write_jsonl):
     s = scan(Shard(0, str(path), "in"), FIELDS, 1 << 20)
     o = order(s, 16)
     assert s.nbytes == 41 * 36 and o.members.nbytes == 8 * 36  # bytes per record: 41 (plain JSONL), then 8 + groups'
+
+
+def _far_apart(tmp_path, num_docs=1500):
+    """A shard whose documents' questions stand far apart: document d's two questions at rows d and num_docs + d, so
+    a reader that holds the records of unfinished groups holds half the shard. As JSONL, gzip and Parquet (row groups
+    of 256 rows)."""
+    rows = [{"id": f"d{d}q{q}", "prompt": f"document {d}: " + "words of its text " * 200, "question": f"question {q}"}
+            for q in range(2) for d in range(num_docs)]
+    plain = tmp_path / "far.jsonl"
+    plain.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    gz = tmp_path / "far.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes(), compresslevel=1))
+    pqf = tmp_path / "far.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), pqf, row_group_size=256)
+    return rows, (plain, gz, pqf)
+
+
+def test_gzip_and_parquet_are_read_in_group_order_holding_no_records(tmp_path):
+    """Read in group order, a shard whose questions stand far apart holds no more than a few records' worth of Python
+    memory beyond the first pass's arrays (under 1 MB; the records' text is ~3.6 kB each: half the shard is 5.4 MB), and
+    each record read equals the one the plain reader makes of its row. The decoded copies leave nothing behind."""
+    import tracemalloc
+
+    from spcli.io.read import read_records
+
+    rows, paths = _far_apart(tmp_path)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    for path in paths:
+        shard = Shard(0, str(path), "far")
+        by_row = {r.row: r for r in read_records(shard, FIELDS)}
+        arrays = scan(shard, FIELDS, 1 << 20).nbytes + 2 * 8 * len(rows)  # the scan and its order
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            count, peak = 0, 0
+            for rec in read_in_order(shard, FIELDS, 0, 1 << 20, 16, tmp_dir=str(tmp)):
+                placed = {k: getattr(rec, k) for k in ("group_id", "order_pos", "is_context")}
+                assert rec == dataclasses.replace(by_row[rec.row], **placed)
+                assert rec.group_id == rec.order_pos // 2  # both questions of a document, one after the other
+                count += 1
+                peak = max(peak, tracemalloc.get_traced_memory()[0] - base)
+        finally:
+            tracemalloc.stop()
+        assert count == len(rows)
+        assert peak < arrays + 1_000_000, (path.name, peak, arrays)
+        assert list(tmp.iterdir()) == []
 
 
 def _run(tmp_path, tiny_dir, path, name, *extra):
@@ -143,10 +192,14 @@ def test_the_same_shard_in_three_orders_gives_the_same_rows_and_an_error_row_lea
 
 
 def test_a_short_document_with_long_rows_is_one_group_prefilled_whole(tmp_path, tiny_dir, write_jsonl):
-    doc = "A short note about the weather."
-    rows = [{"id": f"q{i}", "prompt": doc, "question": ["Why", "How", "When"][i] + " did the note say what it said about the weather" * 4}
-            for i in range(3)]
+    """A document under --min-tokens (~55 tokens in its template) whose rows, with their short questions, are over it
+    (~70): one group prefilled whole, not each row scored (the issue's case)."""
+    doc = ("A short note about the weather: it rained on Monday, the wind turned on Tuesday, and by Friday the river "
+           "had risen over the old stone bridge.")
+    rows = [{"id": f"q{i}", "prompt": doc, "question": q}
+            for i, q in enumerate(["Why did it rain?", "How high was the river?", "When did the wind turn?"])]
     got, output = _run(tmp_path, tiny_dir, write_jsonl(rows), "short", "--min-tokens", "60")
+    assert all(r["num_prompt_tokens"] >= 60 for r in got.values())  # each row alone would be scored
     assert all(r["group"] == "q0" and r["group_size"] == 3 for r in got.values())
     assert all(r["num_kept_tokens"] == r["num_prompt_tokens"] for r in got.values())  # whole, not scored alone
     assert all(r["speculate_s"] == 0 for r in got.values()) if "speculate_s" in got["q0"] else True
@@ -157,6 +210,36 @@ def test_a_short_document_with_long_rows_is_one_group_prefilled_whole(tmp_path, 
         not in " ".join(res.output.split())
     assert "groups 0 (0 rows) pruned together, 1 (3 rows) prefilled whole (short 1); 0 rows alone" in " ".join(
         res.output.split())
+
+
+def test_records_of_a_short_shared_part_with_long_own_parts_are_pruned_alone(tmp_path, tiny_dir, write_jsonl):
+    """Chats that share a system prompt under --min-tokens: those whose own message has more tokens to drop than they
+    keep alone are pruned alone, in any order; those with a short own message (a question) stay one group prefilled
+    whole; a lone short one left of its system prompt runs alone. The end line and inspect count each."""
+    log = " ".join(f"Ship {i} came in at {i + 5} o'clock with {i * 3} crates of apples." for i in range(9))
+    chat = lambda i, system, user: {"id": i, "messages": [{"role": "system", "content": system},
+                                                          {"role": "user", "content": user}]}
+    log_keeper, ferry = ("You keep the harbour log of the island, ship by ship, day by day.",
+                         "You run the ferry between the island and the mainland, twice a day.")  # ~22 tokens each
+    rows = [chat("a0", log_keeper, log + " Which ship came first?"), chat("a1", log_keeper, log + " Which ship came last?"),
+            chat("a2", log_keeper, "When does the harbour open?"), chat("a3", log_keeper, "Who keeps the log?"),
+            chat("b0", ferry, log + " How many crates came?"), chat("b1", ferry, "Is the ferry late?")]
+    args = ("--keep", "0.5", "--min-tokens", "30")
+    got, output = _run(tmp_path, tiny_dir, write_jsonl(rows), "ordered", *args)
+    shuffled, _ = _run(tmp_path, tiny_dir, write_jsonl(random.Random(1).sample(rows, 6), "s.jsonl"), "shuffled", *args)
+    assert shuffled == got
+    assert all(got[i]["num_prompt_tokens"] >= 30 for i in ("a2", "b1"))  # each long enough to prune alone
+    for i in ("a0", "a1", "b0"):  # pruned alone
+        assert got[i]["group"] is None and got[i]["num_kept_tokens"] < got[i]["num_prompt_tokens"], got[i]
+    assert {i: (got[i]["group"], got[i]["group_size"]) for i in ("a2", "a3")} == {"a2": ("a2", 2), "a3": ("a2", 2)}
+    assert all(got[i]["num_kept_tokens"] == got[i]["num_prompt_tokens"] for i in ("a2", "a3"))  # whole, not scored
+    assert got["b1"]["group"] is None
+    line = " ".join(output.split())
+    assert ("0 groups (0 rows) pruned together, 1 groups (2 rows) prefilled whole (short 1), 4 rows alone that could "
+            "share (own part long 3, rest pruned alone 1)") in line, line
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "shuffled")])
+    assert ("groups 0 (0 rows) pruned together, 1 (2 rows) prefilled whole (short 1); 4 rows alone (own part long 3, "
+            "rest pruned alone 1)") in " ".join(res.output.split()), res.output
 
 
 def test_a_directory_of_the_consecutive_rule_resumes_with_it(tmp_path, tiny_dir, write_jsonl):

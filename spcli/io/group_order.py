@@ -4,8 +4,9 @@ A first pass over the shard (`scan`) keeps, per record, three 8-byte numbers in 
 (blake2b of its prompt-field text, of its messages but the last, or of its --group-field value), a digest of the
 record itself (its JSONL line; a Parquet row's values) and its row; for plain JSONL also where its line starts and
 its length. A whole plain JSONL file is scanned 8 MiB at a time with numpy (`_scan_blocks`: only the two digests
-are Python calls per record); a line whose prompt value has escapes (\\n, \\"), and gzip, Parquet, row ranges and
---group-field, are parsed line by line (`_FastKey`, orjson), which costs about twice as much. `order` makes of them
+are Python calls per record); a line whose prompt value has escapes (\\n, \\"), and Parquet, row ranges and
+--group-field, are parsed line by line (`_FastKey`, orjson), which costs about twice as much. A gzip shard is first
+decompressed into a temporary file (`_unpacked`) and scanned as plain JSONL. `order` makes of them
 the shard's processing order:
 
 - a group is every record of one key (a record without a key is alone), cut into groups of at most --group-max in
@@ -18,23 +19,30 @@ commit counts records in this order (the shard's `next_row` is first_row + the r
 shard marked `order: groups` in the manifest), and a resume computes the same order from the same file and goes on
 from there; a resume point inside a group reads the group's earlier members again as context (`is_context`).
 
-Reading in that order: plain JSONL reads each record where the first pass found it (mmap; no record is held
-but the group being read); gzip JSONL and Parquet are read once from the start, holding the records of groups not
-yet finished (a shard whose documents' questions stand far apart holds that many records).
+Reading in that order holds no record but the one being read, wherever a document's questions stand: plain JSONL
+reads each record where the first pass found it (mmap); gzip JSONL reads it the same way from its decompressed copy;
+Parquet reads it from a decoded copy of the columns records are made of, an uncompressed Arrow IPC file
+(`_decoded`, one more pass over the shard) read through mmap one row at a time. The copies live in the run's output
+directory (`tmp_dir`), unlinked when made (a kill leaves nothing) and gone when the shard is read; they cost disk,
+not memory: the decompressed shard (gzip) or those columns' values (Parquet); their pages are the page cache's.
 
-Memory of the first pass, per million records: rows, keys, digests 25 MB (and 16 MB of line places for plain JSONL),
-then the order 8 MB + 8 MB per million groups (`Scan.nbytes`, `Order.nbytes`); ~122 MB at its peak while the order is
-sorted (benches/group_order.py, 1M records of 4-question documents).
+Memory of the first pass, per million records: rows, keys, digests 25 MB (and 16 MB of line places for JSONL, gzip
+included), then the order 8 MB + 8 MB per million groups (`Scan.nbytes`, `Order.nbytes`); ~122 MB at its peak while
+the order is sorted (benches/group_order.py, 1M records of 4-question documents).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
 import mmap
+import shutil
+import tempfile
 import zlib
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -43,12 +51,13 @@ import orjson
 
 from spcli.config.run import FieldConfig
 from spcli.errors import InputError
-from spcli.io.read import DRAIN_BYTES, ID_SCAN_BYTES, UTF8_BOM, line_record, read_records
+from spcli.io.read import DRAIN_BYTES, ID_SCAN_BYTES, UTF8_BOM, line_record
 from spcli.io.records import Record
 from spcli.io.shards import Shard, shard_kind
 
 ORDER = "groups"  # ShardProgress.order: its next_row counts records of this processing order
 READ_CHUNK = 4096  # records whose places are turned into Python numbers at once
+COPY_BATCH_ROWS = 1024  # Parquet: rows per record batch of the decoded copy
 
 
 @dataclass(frozen=True)
@@ -138,13 +147,14 @@ class _Arrays:
                     i64(self.lengths) if jsonl else None, self.over_long)
 
 
-def scan(shard: Shard, fields: FieldConfig, limit: int) -> Scan:
-    """The first pass over `shard` (within its row range, where it has one)."""
+def scan(shard: Shard, fields: FieldConfig, limit: int, plain=None) -> Scan:
+    """The first pass over `shard` (within its row range, where it has one); `plain`: an open file holding a gzip
+    shard's decompressed lines (_unpacked), scanned as plain JSONL (its offsets are into that file)."""
     kind = shard_kind(shard.path)
     if kind == "parquet":
         return _scan_parquet(shard, fields)
     try:
-        return _scan_jsonl(shard, fields, limit, kind)
+        return _scan_jsonl(shard, fields, limit, "jsonl" if plain is not None else kind, plain)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise InputError(f"{shard.path}: compressed file is truncated or corrupt ({e})") from e
     except OSError as e:
@@ -158,7 +168,7 @@ class _Fallback(Exception):
 BLOCK_BYTES = 8 << 20  # the block scan's reads
 
 
-def _scan_blocks(shard: Shard, fields: FieldConfig, limit: int) -> Scan:
+def _scan_blocks(f, fields: FieldConfig, limit: int) -> Scan:
     """The first pass over a whole plain JSONL file, 8 MiB at a time: lines, offsets and the prompt field's value found
     with numpy; per record only its two digests are Python calls. A line is read the fast way where it is `{...}`
     (a trailing \\r allowed), names the prompt field once (as a key: after an unescaped quote) and neither the messages
@@ -168,19 +178,18 @@ def _scan_blocks(shard: Shard, fields: FieldConfig, limit: int) -> Scan:
     fast = _FastKey(fields)
     tokens = [np.frombuffer(b'"' + n.encode() + b'"', dtype=np.uint8) for n in (fields.prompt, fields.messages, "custom_id")]
     row, base, rest = 0, 0, b""
-    with open(shard.path, "rb") as f:
-        while True:
-            chunk = f.read(BLOCK_BYTES)
-            buf = rest + chunk if rest else chunk
-            cut = len(buf) if not chunk else buf.rfind(b"\n") + 1
-            if len(buf) - cut > limit:
-                raise _Fallback
-            if cut:
-                row = _scan_block(buf[:cut], base, row, out, fast, tokens, limit)
-                base += cut
-            rest = buf[cut:]
-            if not chunk:
-                return out.scan()
+    while True:
+        chunk = f.read(BLOCK_BYTES)
+        buf = rest + chunk if rest else chunk
+        cut = len(buf) if not chunk else buf.rfind(b"\n") + 1
+        if len(buf) - cut > limit:
+            raise _Fallback
+        if cut:
+            row = _scan_block(buf[:cut], base, row, out, fast, tokens, limit)
+            base += cut
+        rest = buf[cut:]
+        if not chunk:
+            return out.scan()
 
 
 def _scan_block(block: bytes, base: int, row: int, out: _Arrays, fast, tokens: list[np.ndarray], limit: int) -> int:
@@ -268,10 +277,14 @@ def _backslashes_before(block: bytes, at: int) -> int:
     return at - 1 - k
 
 
-def _scan_jsonl(shard: Shard, fields: FieldConfig, limit: int, kind: str) -> Scan:
+def _scan_jsonl(shard: Shard, fields: FieldConfig, limit: int, kind: str, plain=None) -> Scan:
+    opened = (lambda: contextlib.nullcontext(plain)) if plain is not None else (
+        lambda: (gzip.open if kind == "jsonl.gz" else open)(shard.path, "rb"))
     if kind == "jsonl" and shard.rows is None and fields.group is None:
         try:
-            return _scan_blocks(shard, fields, limit)
+            with opened() as f:
+                f.seek(0)
+                return _scan_blocks(f, fields, limit)
         except _Fallback:
             pass
     out = _Arrays(jsonl=kind == "jsonl")
@@ -280,7 +293,8 @@ def _scan_jsonl(shard: Shard, fields: FieldConfig, limit: int, kind: str) -> Sca
     rows, keys, has, own = out.rows, out.keys, out.has, out.own
     offsets, lengths = out.offsets, out.lengths
     crc = zlib.crc32
-    with (gzip.open if kind == "jsonl.gz" else open)(shard.path, "rb") as f:
+    with opened() as f:
+        f.seek(0)
         row, pos = 0, 0
         if shard.offset and kind == "jsonl":
             f.seek(shard.offset)
@@ -421,25 +435,48 @@ def order(s: Scan, group_max: int) -> Order:
 
 
 def read_in_order(shard: Shard, fields: FieldConfig, start_row: int, limit: int, group_max: int,
-                  wanted_rows: set[int] | None = None, on_order=lambda order: None) -> Iterator[Record]:
+                  wanted_rows: set[int] | None = None, on_order=lambda order: None, tmp_dir: str | None = None
+                  ) -> Iterator[Record]:
     """The shard's records in its processing order, from position start_row - first_row on (a group begun before it
     comes whole, its earlier members marked is_context). wanted_rows (--retry-failed): only the groups holding one of
     these rows, the others of their members marked is_context. Each record carries group_id and order_pos.
-    on_order(order) sees the order before the first record is read."""
-    s = scan(shard, fields, limit)
-    o = order(s, group_max)
-    on_order(o)
-    done = max(0, start_row - shard.first_row)
-    if wanted_rows is not None:
-        done = 0
-        is_wanted = np.isin(s.rows[o.members], np.fromiter(wanted_rows, dtype=np.int64, count=len(wanted_rows)))
-        wanted = set(np.unique(np.searchsorted(o.starts, np.flatnonzero(is_wanted), side="right") - 1).tolist())
-    else:
-        wanted = None
-    if s.offsets is not None:
-        yield from _read_at(shard, fields, limit, s, o, done, wanted, wanted_rows)
-    else:
-        yield from _read_through(shard, fields, limit, s, o, done, wanted, wanted_rows)
+    on_order(order) sees the order before the first record is read. `tmp_dir` holds the decoded copy of a gzip or
+    Parquet shard (None: the system's temporary directory), unlinked from the start: nothing is left there after a kill."""
+    kind = shard_kind(shard.path)
+    with contextlib.ExitStack() as stack:
+        plain = stack.enter_context(_unpacked(shard, tmp_dir)) if kind == "jsonl.gz" else None
+        s = scan(shard, fields, limit, plain)
+        o = order(s, group_max)
+        on_order(o)
+        done = max(0, start_row - shard.first_row)
+        if wanted_rows is not None:
+            done = 0
+            is_wanted = np.isin(s.rows[o.members], np.fromiter(wanted_rows, dtype=np.int64, count=len(wanted_rows)))
+            wanted = set(np.unique(np.searchsorted(o.starts, np.flatnonzero(is_wanted), side="right") - 1).tolist())
+        else:
+            wanted = None
+        if s.offsets is not None:
+            yield from _read_at(shard, fields, limit, s, o, done, wanted, wanted_rows, plain, kind)
+        else:
+            copy = stack.enter_context(_decoded(shard, fields, tmp_dir, s))
+            yield from _read_copy(shard, fields, limit, s, o, done, wanted, wanted_rows, copy)
+
+
+def _unpacked(shard: Shard, tmp_dir: str | None):
+    """A gzip shard's decompressed bytes in a temporary file (as many bytes as the shard holds uncompressed, on disk;
+    memory: a 1 MiB copy buffer): the first pass scans it as plain JSONL and records are read from it by offset."""
+    f = tempfile.TemporaryFile(dir=tmp_dir, prefix=".spcli-unpacked-")
+    try:
+        with gzip.open(shard.path, "rb") as z:
+            shutil.copyfileobj(z, f, 1 << 20)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        f.close()
+        raise InputError(f"{shard.path}: compressed file is truncated or corrupt ({e})") from e
+    except OSError as e:
+        f.close()
+        raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
+    f.flush()
+    return f
 
 
 def _place(rec: Record, g: int, pos: int, first_row: int, done: int, wanted_rows: set[int] | None) -> Record:
@@ -449,13 +486,13 @@ def _place(rec: Record, g: int, pos: int, first_row: int, done: int, wanted_rows
 
 
 def _read_at(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, done: int, wanted: set[int] | None,
-             wanted_rows: set[int] | None) -> Iterator[Record]:
-    """Plain JSONL: each record read where the first pass found it."""
+             wanted_rows: set[int] | None, plain=None, kind: str = "jsonl") -> Iterator[Record]:
+    """Plain JSONL (or a gzip shard's decompressed copy, `plain`): each record read where the first pass found it."""
     g0 = int(np.searchsorted(o.starts, done, side="right") - 1)
     if not len(o.members):
         return
     try:
-        with open(shard.path, "rb") as f:
+        with contextlib.nullcontext(plain) if plain is not None else open(shard.path, "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # slices of the page cache: no call per record
     except (OSError, ValueError) as e:
         raise InputError(f"{shard.path}: cannot read ({getattr(e, 'strerror', None) or e})") from e
@@ -470,33 +507,88 @@ def _read_at(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, d
                     continue
                 data = mm[offset:offset + length]
                 if row in s.over_long:
-                    rec = line_record(shard, row, None, s.over_long[row], data, "jsonl", fields, limit)
+                    rec = line_record(shard, row, None, s.over_long[row], data, kind, fields, limit)
                 else:
-                    rec = line_record(shard, row, data, len(data), b"", "jsonl", fields, limit)
+                    rec = line_record(shard, row, data, len(data), b"", kind, fields, limit)
                 if rec is None:
                     raise InputError(f"{shard.path}: line {row + 1} changed while the shard was read (now blank)")
                 yield _place(rec, g, a + k, shard.first_row, done, wanted_rows)
 
 
-def _read_through(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, done: int,
-                  wanted: set[int] | None, wanted_rows: set[int] | None) -> Iterator[Record]:
-    """gzip JSONL, Parquet: the shard read once from its start, each group given once its last record is read."""
-    n = len(s.rows)
-    pos_of = np.empty(n, dtype=np.int64)
-    pos_of[o.members] = np.arange(n)
-    group_of = np.searchsorted(o.starts, pos_of, side="right") - 1
-    left = np.diff(o.starts)
-    g_first = int(np.searchsorted(o.starts, done, side="right") - 1)
-    held: dict[int, list[Record]] = {}
-    i = 0
-    for rec in read_records(shard, fields, shard.first_row, limit):
-        if i >= n or int(s.rows[i]) != rec.row:
-            raise InputError(f"{shard.path}: changed while it was read (row {rec.row} was not in its first pass)")
-        g, pos = int(group_of[i]), int(pos_of[i])
-        i += 1
-        if g < g_first or (wanted is not None and g not in wanted):
-            continue
-        held.setdefault(g, []).append(_place(rec, g, pos, shard.first_row, done, wanted_rows))
-        left[g] -= 1
-        if left[g] == 0:
-            yield from sorted(held.pop(g), key=lambda r: r.order_pos)
+@contextlib.contextmanager
+def _decoded(shard: Shard, fields: FieldConfig, tmp_dir: str | None, s: Scan):
+    """A Parquet shard's columns that records are made of, decoded once into an Arrow IPC file in a temporary file
+    (uncompressed: about as many bytes as those columns' values, on disk), in batches of COPY_BATCH_ROWS rows of the
+    scanned range, so that any row is read back without decoding its row group again. Yields its reader."""
+    import pyarrow as pa
+
+    from spcli.io.parquet import open_parquet, parquet_columns, row_group_batches
+
+    with tempfile.TemporaryFile(dir=tmp_dir, prefix=".spcli-decoded-") as f:
+        if not len(s.rows):
+            yield None
+            return
+        pf = open_parquet(shard)
+        columns = parquet_columns(pf, shard, fields)
+        lo, hi = int(s.rows[0]), int(s.rows[-1]) + 1
+        first, writer, sizes = 0, None, [0]
+        try:
+            for g in range(pf.num_row_groups):
+                num_rows = pf.metadata.row_group(g).num_rows
+                if first < hi and first + num_rows > lo:
+                    row = first
+                    for batch in row_group_batches(pf, g, first, num_rows, columns, shard, COPY_BATCH_ROWS):
+                        part = batch.slice(max(0, lo - row), max(0, min(hi, row + batch.num_rows) - max(lo, row)))
+                        row += batch.num_rows
+                        if part.num_rows:
+                            writer = writer or pa.ipc.new_file(f, part.schema)
+                            writer.write_batch(part)
+                            sizes.append(part.num_rows)
+                first += num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+        f.flush()
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # batches are views of it: no copy
+        yield _Copy(pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped))), lo + np.cumsum(sizes), shard)
+
+
+class _Copy:
+    """One row at a time of a Parquet shard's decoded copy (_decoded), read through a memory map: what is held is
+    the current row's values and the few batch headers in `batches` (views of the map), not rows."""
+
+    def __init__(self, reader, starts: np.ndarray, shard: Shard):
+        self.reader, self.starts, self.shard = reader, starts, shard  # starts: [batches + 1], the row each begins at
+        self.batches: OrderedDict = OrderedDict()  # batch index -> the batch (a view of the map), 8 at most
+
+    def row(self, row: int) -> dict | str:
+        """Row `row`'s values (parquet.rows_of: a dict, or the text of its Unicode problem)."""
+        from spcli.io.parquet import rows_of
+
+        i = int(np.searchsorted(self.starts, row, side="right") - 1)
+        if not 0 <= i < self.reader.num_record_batches:
+            raise InputError(f"{self.shard.path}: changed while it was read (row {row} was not in its first pass)")
+        if i not in self.batches:
+            self.batches[i] = self.reader.get_batch(i)
+            if len(self.batches) > 8:
+                self.batches.popitem(last=False)
+        self.batches.move_to_end(i)
+        return next(rows_of(self.batches[i].slice(row - int(self.starts[i]), 1)))
+
+
+def _read_copy(shard: Shard, fields: FieldConfig, limit: int, s: Scan, o: Order, done: int,
+               wanted: set[int] | None, wanted_rows: set[int] | None, copy: _Copy | None) -> Iterator[Record]:
+    """Parquet: each record made from its row of the decoded copy (parquet.row_record, as read_parquet makes it)."""
+    from spcli.io.parquet import row_record
+
+    if copy is None or not len(o.members):
+        return
+    g0 = max(int(np.searchsorted(o.starts, done, side="right") - 1), 0)
+    for a in range(int(o.starts[g0]), len(o.members), READ_CHUNK):
+        idx = o.members[a:a + READ_CHUNK]
+        groups = (np.searchsorted(o.starts, np.arange(a, a + len(idx)), side="right") - 1).tolist()
+        for k, (row, g) in enumerate(zip(s.rows[idx].tolist(), groups)):
+            if wanted is not None and g not in wanted:
+                continue
+            rec = row_record(copy.row(row), shard, row, fields, limit)
+            yield _place(rec, g, a + k, shard.first_row, done, wanted_rows)

@@ -54,7 +54,7 @@ def _record_bytes(obj: dict, fields: FieldConfig, limit: int) -> int:
     return sum(len(t) if isinstance(t, bytes) else len(t.encode("utf-8", "surrogatepass")) for t in texts)
 
 
-def _rows(batch: pa.RecordBatch) -> Iterator[dict | str]:
+def rows_of(batch: pa.RecordBatch) -> Iterator[dict | str]:
     """A batch's rows as dicts; a row whose strings are not valid UTF-8 comes as the problem's text."""
     try:
         yield from batch.to_pylist()
@@ -101,13 +101,17 @@ def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, colum
         if row + batch.num_rows <= start_row:
             row += batch.num_rows
             continue
-        for obj in _rows(batch):
+        for obj in rows_of(batch):
             if row >= start_row:
-                if isinstance(obj, str):
-                    yield bad_record(shard, row, obj)
-                elif (size := _record_bytes(obj, fields, limit)) > limit:
-                    row_id = obj.get(fields.id)
-                    yield too_long_record(shard, row, size, limit, None if row_id in (None, "") else (str(row_id), False))
-                else:
-                    yield to_record({k: v for k, v in obj.items() if v is not None}, shard, row, "parquet", fields)
+                yield row_record(obj, shard, row, fields, limit)
             row += 1
+
+
+def row_record(obj: dict | str, shard: Shard, row: int, fields: FieldConfig, limit: int) -> Record:
+    """The record of one Parquet row (rows_of's value: a dict, or the text of its Unicode problem)."""
+    if isinstance(obj, str):
+        return bad_record(shard, row, obj)
+    if (size := _record_bytes(obj, fields, limit)) > limit:
+        row_id = obj.get(fields.id)
+        return too_long_record(shard, row, size, limit, None if row_id in (None, "") else (str(row_id), False))
+    return to_record({k: v for k, v in obj.items() if v is not None}, shard, row, "parquet", fields)

@@ -27,7 +27,8 @@ def shard_records(shard: Shard, prog: ShardProgress, cfg: RunConfig, notes: Coun
         yield from read_from(shard, cfg.fields, prog.next_row, cfg.max_record_bytes, cfg.grouped)
         return
     on_order = (lambda o: notes.update(order_notes(o))) if notes is not None else (lambda o: None)
-    yield from read_in_order(shard, cfg.fields, prog.next_row, cfg.max_record_bytes, cfg.group_max, on_order=on_order)
+    yield from read_in_order(shard, cfg.fields, prog.next_row, cfg.max_record_bytes, cfg.group_max, on_order=on_order,
+                             tmp_dir=str(cfg.out))
 
 
 def order_notes(o: Order) -> Counter:

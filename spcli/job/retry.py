@@ -44,7 +44,8 @@ def records_at(shard: Shard, rows: set[int], cfg) -> list[Record]:
     if group_max is not None and cfg.order_free:  # --groups shard: a group's records may stand anywhere in the shard
         from spcli.io.group_order import read_in_order
 
-        return list(read_in_order(shard, cfg.fields, 0, cfg.max_record_bytes, group_max, wanted_rows=set(rows)))
+        return list(read_in_order(shard, cfg.fields, 0, cfg.max_record_bytes, group_max, wanted_rows=set(rows),
+                                  tmp_dir=str(cfg.out)))
     first, last = min(rows), max(rows)
     if group_max is not None:  # a group never crosses a multiple of group_max (spcli.io.groups)
         first, last = window_start(first, group_max), window_start(last, group_max) + group_max - 1

@@ -46,6 +46,8 @@ SHARING = {
     "alone: restated": "its instruction is restated for the speculator (--restate)",
     "alone: no common prefix": "its document's prompts share no token prefix",
     "alone: short prefix": "the shared part is under --min-tokens (--groups consecutive)",
+    "alone: own part long": "the shared part is under --min-tokens and its own part has more to drop than it keeps alone",
+    "alone: rest pruned alone": "its short document's other records have long own parts and were pruned alone",
     "alone: error in group": "an error row in its group (--groups consecutive)",
     "alone: speculator error": "the speculator failed on a record of its group",
 }
@@ -72,7 +74,8 @@ def find_groups(records: list, requests: list, group_max: int | None, select: Se
                 rule: str = "union", order_free: bool = False) -> list[Group]:
     """The groups of a window whose members are requests of one keep, not across tokenizers or restated (those stay
     alone). --groups shard (`order_free`): an error row leaves the rest of its group grouped, and a document under
-    --min-tokens is a group kept whole (prefilled once); --groups consecutive: an error row, or a shared prefix under
+    --min-tokens is a group kept whole (prefilled once) but for the records whose own parts are long enough to prune
+    alone (has_long_own; a lone record left of it runs alone too); --groups consecutive: an error row, or a shared prefix under
     select.min_tokens, leaves every record of its group alone. Each request's `sharing` says which (SHARING)."""
     if group_max is None:
         return []
@@ -107,9 +110,32 @@ def find_groups(records: list, requests: list, group_max: int | None, select: Se
             alone("alone: short prefix")
         elif n == 0:
             alone("alone: no common prefix")
-        else:  # a short document: prefilled once, whole (its rows may be long enough to prune alone)
-            found.append(Group(good, name, n, is_shared=False, rule=rule, whole="short"))
+        else:  # a short document: prefilled once, whole, but for records with long own parts
+            short = [i for i in good if not has_long_own(requests[i], n, select)]
+            for i in good:
+                if i not in short:
+                    requests[i].sharing = "alone: own part long"
+            if len(short) > 1:
+                found.append(Group(short, min(records[i].id for i in short), n, is_shared=False, rule=rule,
+                                   whole="short"))
+            elif short:
+                requests[short[0]].sharing = "alone: rest pruned alone"
     return found
+
+
+def has_long_own(req: PrunedRequest, num_shared: int, select: SelectConfig) -> bool:
+    """Whether a record of a group whose shared part (num_shared tokens) is under --min-tokens is pruned alone rather
+    than prefilled whole with its group: selection would prune it alone (is_pruned: at least --min-tokens, its target
+    below its length) and its own part, the tokens after the shared part that selection may drop (not protected),
+    outnumbers that target (at keep auto: keep_min's). Such a record alone drops some of its own tokens whatever it
+    scores; prefilled whole with the group it would spare only the short shared part. A record whose own part is short
+    (a question after a short document) or protected (its instruction field) keeps about as much alone as with the
+    group, which prefills the document once and runs no speculator."""
+    n, keep = req.num_prompt_tokens, req.keep
+    if not is_pruned(n, select, keep):
+        return False
+    free = n - num_shared if req.protected is None else int((~req.protected[num_shared:]).sum())
+    return free > target(n, select, select.keep_min if keep == AUTO else keep, num_forced(n, select))
 
 
 def group_cost(pair, score: ScoreConfig, num_shared: int, own: list[int], num_kept_shared: int) -> float:
