@@ -818,6 +818,7 @@ def test_pruned_rows_share_a_protected_system_prompt_through_vllms_prefix_cache(
                                       "--speculator", str(tiny_dir), *COMMON, "--keep", "0.3", "--max-prune-cost", "inf",
                                       "--lookahead", "0", "--batch-size", "1")
         assert code == 0, (output, exc)
+        assert "3 rows alone that could share (own part long 3)" in " ".join(output.split()), output
         out = read_rows(tmp_path / f"h{hashed}")
         heads = {rid: _natural_head(r["kept_indices"]) for rid, r in out.items()}
         assert all(r["num_kept_tokens"] < r["num_prompt_tokens"] for r in out.values())  # every row pruned
@@ -838,7 +839,6 @@ def test_the_same_shard_in_three_orders_gives_the_same_rows_on_vllm(shared_engin
     from test_stages_share import DOCS, qa_rows
 
     rows, got = qa_rows(DOCS[:2]), []
-        assert "3 rows alone that could share (own part long 3)" in " ".join(output.split()), output
     for seed in (None, 2, 7):
         order = rows if seed is None else random.Random(seed).sample(rows, len(rows))
         out = tmp_path / f"out{seed}"
