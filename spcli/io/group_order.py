@@ -1,13 +1,14 @@
 """`--groups shard` (the default): a document's records form a group wherever they stand in their shard.
 
 A first pass over the shard (`scan`) keeps, per record, three 8-byte numbers in numpy arrays: its group key's digest
-(blake2b of its prompt-field text, of its messages but the last, or of its --group-field value), a digest of the
-record itself (its JSONL line; a Parquet row's values) and its row; for plain JSONL also where its line starts and
-its length. A whole plain JSONL file is scanned 8 MiB at a time with numpy (`_scan_blocks`: only the two digests
-are Python calls per record); a line whose prompt value has escapes (\\n, \\"), and Parquet, row ranges and
---group-field, are parsed line by line (`_FastKey`, orjson), which costs about twice as much. A gzip shard is first
-decompressed into a temporary file (`_unpacked`) and scanned as plain JSONL. `order` makes of them
-the shard's processing order:
+(Python's hash of its prompt-field text's bytes, `text_key`; blake2b of its messages but the last or of its
+--group-field value), a digest of the record itself (crc32 of its JSONL line; blake2b of a Parquet row's values) and
+its row; for plain JSONL also where its line starts and its length. A whole plain JSONL file is scanned 8 MiB at a
+time with numpy (`_scan_blocks`: only the two digests are Python calls per record, ~0.1 and ~0.2 us of C each on
+short records, and as much again in the loops that call them: with finding the lines, most of the pass); a line
+whose prompt value has escapes (\\n, \\"), and Parquet, row ranges and --group-field, are parsed line by line
+(`_FastKey`, orjson), which costs about twice as much. A gzip shard is first decompressed into a temporary file
+(`_unpacked`) and scanned as plain JSONL. `order` makes of them the shard's processing order:
 
 - a group is every record of one key (a record without a key is alone), cut into groups of at most --group-max in
   the order of the records' own digests (then rows: only identical records tie), never by where they stand; a
@@ -103,6 +104,14 @@ def digest(data: bytes, kind: bytes = b"") -> bytes:
     return hashlib.blake2b(data, digest_size=8, person=kind).digest()
 
 
+def text_key(data) -> bytes:
+    """A prompt text's key digest: Python's own hash of its UTF-8 bytes (SipHash, 64 bits, one C call and no object
+    made: the first pass's cost), little-endian. Its salt changes from process to process, which changes nothing:
+    a key's digest is only compared with the others of the same pass (records of equal keys share), never stored,
+    and no order depends on its value (`order`)."""
+    return (hash(data) & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+
+
 def _text(value: str) -> bytes:
     return value.encode("utf-8", "surrogatepass")
 
@@ -118,7 +127,7 @@ def key_digest(obj, prompt_field: str, messages_field: str, group_field: str | N
         return None if value is None else digest(_text(str(value)), b"field")
     prompt = obj.get(prompt_field)
     if isinstance(prompt, str):
-        return digest(_text(prompt), b"text")
+        return text_key(_text(prompt))
     messages = obj.get(messages_field)
     if isinstance(messages, list) and len(messages) > 1:
         return digest(json.dumps(messages[:-1], sort_keys=True).encode(), b"messages")
@@ -208,7 +217,7 @@ def _scan_block(block: bytes, base: int, row: int, out: _Arrays, fast, tokens: l
     if row == 0 and block.startswith(UTF8_BOM):
         simple[0] = False
     quotes = np.flatnonzero(a == 34)
-    escaped = quotes[(quotes > 0) & (clip(quotes - 1) == 92)]
+    escaped = quotes[(quotes > 0) & (clip(quotes - 1) == 92)] if b'\\"' in block else quotes[:0]
     if len(escaped):  # a quote after an odd run of backslashes is inside a string
         odd = [q for q in escaped.tolist() if _backslashes_before(block, q) % 2 == 1]
         quotes = np.setdiff1d(quotes, np.array(odd, dtype=np.int64), assume_unique=True)
@@ -232,7 +241,7 @@ def _scan_block(block: bytes, base: int, row: int, out: _Arrays, fast, tokens: l
     vs = np.where(colon & (c2 == 34), after + 2, np.where(colon & (c2 == 32) & (c3 == 34), after + 3, -1))
     qi = np.searchsorted(quotes, vs)
     ve = quotes[np.minimum(qi, len(quotes) - 1)] if len(quotes) else vs
-    slashes = np.flatnonzero(a == 92)
+    slashes = np.flatnonzero(a == 92) if b"\\" in block else np.zeros(0, dtype=np.int64)
     no_slash = np.searchsorted(slashes, ve) == np.searchsorted(slashes, vs)
     good = (vs >= 0) & (qi < len(quotes)) & (ve < ends[line_of]) & no_slash
     is_fast = simple & (count == 1) & (count_others == 0)
@@ -242,11 +251,10 @@ def _scan_block(block: bytes, base: int, row: int, out: _Arrays, fast, tokens: l
     has = is_fast.copy()
     own = np.zeros(m, dtype=np.uint64)
     mv = memoryview(block)
-    person, blake, crc = b"text", hashlib.blake2b, zlib.crc32
+    crc = zlib.crc32
     fast_lines = line_of[pick]
-    keys[fast_lines] = np.frombuffer(b"".join(
-        [blake(mv[s:e], digest_size=8, person=person).digest() for s, e in zip(vs[pick].tolist(), ve[pick].tolist())]),
-        dtype="<u8")
+    keys[fast_lines] = np.array([hash(block[s:e]) for s, e in zip(vs[pick].tolist(), ve[pick].tolist())],
+                                dtype=np.int64).view(np.uint64)  # text_key's
     own[fast_lines] = [crc(mv[s:e + 1]) for s, e in zip(starts[fast_lines].tolist(), last[fast_lines].tolist())]
     is_record = is_fast.copy()
     for i in np.flatnonzero(~is_fast).tolist():  # the line scan's way, line by line
@@ -261,12 +269,12 @@ def _scan_block(block: bytes, base: int, row: int, out: _Arrays, fast, tokens: l
             keys[i], has[i] = int.from_bytes(key, "little"), True
         own[i] = crc(text)
     take = np.flatnonzero(is_record)
-    out.rows.extend((row + take).tolist())
+    out.rows.frombytes((row + take).astype(np.int64).tobytes())  # no Python number per record
     out.keys += keys[take].astype("<u8").tobytes()
     out.has += has[take].astype(np.uint8).tobytes()
     out.own += own[take].astype("<u8").tobytes()
-    out.offsets.extend((base + starts[take]).tolist())
-    out.lengths.extend(sizes[take].tolist())
+    out.offsets.frombytes((base + starts[take]).astype(np.int64).tobytes())
+    out.lengths.frombytes(sizes[take].astype(np.int64).tobytes())
     return row + m
 
 
@@ -355,7 +363,7 @@ class _FastKey:
                 end = text.find(b'"', i + 1)
                 value = text[i + 1:end]
                 if end > 0 and 92 not in value:  # no backslash: its bytes are its UTF-8 text
-                    return hashlib.blake2b(value, digest_size=8, person=b"text").digest()
+                    return text_key(value)
         try:
             obj = orjson.loads(text)
         except orjson.JSONDecodeError:
