@@ -39,7 +39,6 @@ import gzip
 import hashlib
 import json
 import mmap
-import shutil
 import tempfile
 import zlib
 from array import array
@@ -51,7 +50,7 @@ import numpy as np
 import orjson
 
 from spcli.config.run import FieldConfig
-from spcli.errors import InputError
+from spcli.errors import InputError, OutputError
 from spcli.io.read import DRAIN_BYTES, ID_SCAN_BYTES, UTF8_BOM, line_record
 from spcli.io.records import Record
 from spcli.io.shards import Shard, shard_kind
@@ -473,18 +472,38 @@ def read_in_order(shard: Shard, fields: FieldConfig, start_row: int, limit: int,
 def _unpacked(shard: Shard, tmp_dir: str | None):
     """A gzip shard's decompressed bytes in a temporary file (as many bytes as the shard holds uncompressed, on disk;
     memory: a 1 MiB copy buffer): the first pass scans it as plain JSONL and records are read from it by offset."""
-    f = tempfile.TemporaryFile(dir=tmp_dir, prefix=".spcli-unpacked-")
+    f = _temporary(tmp_dir, ".spcli-unpacked-")
     try:
         with gzip.open(shard.path, "rb") as z:
-            shutil.copyfileobj(z, f, 1 << 20)
+            while chunk := z.read(1 << 20):
+                _write(f, chunk, shard, tmp_dir)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         f.close()
         raise InputError(f"{shard.path}: compressed file is truncated or corrupt ({e})") from e
     except OSError as e:
         f.close()
         raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
+    except OutputError:
+        f.close()
+        raise
     f.flush()
     return f
+
+
+def _temporary(tmp_dir: str | None, prefix: str):
+    try:
+        return tempfile.TemporaryFile(dir=tmp_dir, prefix=prefix)
+    except OSError as e:
+        raise OutputError(f"{tmp_dir or tempfile.gettempdir()}: cannot make a temporary file ({e.strerror or e})") from e
+
+
+def _write(f, data, shard: Shard, tmp_dir: str | None) -> None:
+    """Write to a shard's decoded copy; a full disk is an OutputError naming where."""
+    try:
+        f.write(data)
+    except OSError as e:
+        raise OutputError(f"{shard.path}: cannot write its decoded copy in {tmp_dir or tempfile.gettempdir()} "
+                          f"({e.strerror or e}); it needs about the shard's uncompressed size there") from e
 
 
 def _place(rec: Record, g: int, pos: int, first_row: int, done: int, wanted_rows: set[int] | None) -> Record:
@@ -530,35 +549,43 @@ def _decoded(shard: Shard, fields: FieldConfig, tmp_dir: str | None, s: Scan):
     scanned range, so that any row is read back without decoding its row group again. Yields its reader."""
     import pyarrow as pa
 
-    from spcli.io.parquet import open_parquet, parquet_columns, row_group_batches
-
-    with tempfile.TemporaryFile(dir=tmp_dir, prefix=".spcli-decoded-") as f:
+    with _temporary(tmp_dir, ".spcli-decoded-") as f:
         if not len(s.rows):
             yield None
             return
-        pf = open_parquet(shard)
-        columns = parquet_columns(pf, shard, fields)
         lo, hi = int(s.rows[0]), int(s.rows[-1]) + 1
-        first, writer, sizes = 0, None, [0]
+        writer, sizes = None, [0]
         try:
-            for g in range(pf.num_row_groups):
-                num_rows = pf.metadata.row_group(g).num_rows
-                if first < hi and first + num_rows > lo:
-                    row = first
-                    for batch in row_group_batches(pf, g, first, num_rows, columns, shard, COPY_BATCH_ROWS):
-                        part = batch.slice(max(0, lo - row), max(0, min(hi, row + batch.num_rows) - max(lo, row)))
-                        row += batch.num_rows
-                        if part.num_rows:
-                            writer = writer or pa.ipc.new_file(f, part.schema)
-                            writer.write_batch(part)
-                            sizes.append(part.num_rows)
-                first += num_rows
-        finally:
-            if writer is not None:
-                writer.close()
-        f.flush()
+            for part in _parquet_parts(shard, fields, lo, hi):
+                writer = writer or pa.ipc.new_file(f, part.schema)
+                writer.write_batch(part)
+                sizes.append(part.num_rows)
+            writer.close()
+            f.flush()
+        except (OSError, pa.ArrowException) as e:
+            raise OutputError(f"{shard.path}: cannot write its decoded copy in {tmp_dir or tempfile.gettempdir()} "
+                              f"({e})") from e
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # batches are views of it: no copy
         yield _Copy(pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped))), lo + np.cumsum(sizes), shard)
+
+
+def _parquet_parts(shard: Shard, fields: FieldConfig, lo: int, hi: int):
+    """The record batches of rows lo .. hi - 1 of a Parquet shard, in the columns records are made of."""
+    from spcli.io.parquet import open_parquet, parquet_columns, row_group_batches
+
+    pf = open_parquet(shard)
+    columns = parquet_columns(pf, shard, fields)
+    first = 0  # row group g's first row
+    for g in range(pf.num_row_groups):
+        num_rows = pf.metadata.row_group(g).num_rows
+        if first < hi and first + num_rows > lo:
+            row = first
+            for batch in row_group_batches(pf, g, first, num_rows, columns, shard, COPY_BATCH_ROWS):
+                part = batch.slice(max(0, lo - row), max(0, min(hi, row + batch.num_rows) - max(lo, row)))
+                row += batch.num_rows
+                if part.num_rows:
+                    yield part
+        first += num_rows
 
 
 class _Copy:
