@@ -1,7 +1,8 @@
 """Where a document's time goes as documents grow, per stage, on both engines and plain vLLM (issue 58).
 
     .venv-vllm/bin/python benches/lengths.py [--model smollm2-135m] [--lengths 600,1200] [--docs 1]
-        [--engines hf,full] [--keep 0.1] [--max-tokens 16] [--dtype auto] [--out DIR]
+        [--engines hf,full] [--keep 0.1] [--max-tokens 16] [--dtype auto]
+        [--speculator-dtype auto] [--out DIR]
 
 One question per document: benches/qa_job.py's documents (essay prose with one fact set into it, seeded) of
 ~L tokens for each of --lengths, its question as the record's instruction field (`spcli run --prompt-field
@@ -260,7 +261,7 @@ def child(args) -> list[dict]:
 
     engines = [e for e in args.engines.split(",") if IN_PROCESS[e] == args.only]
     cfg = RunConfig(inputs=("-",), out="-", model=args.model, speculator=args.speculator, engine=args.only,
-                    dtype=args.dtype, select=select_config(args), generate=GenerateConfig(max_tokens=args.max_tokens),
+                    dtype=args.dtype, speculator_dtype=args.speculator_dtype, select=select_config(args), generate=GenerateConfig(max_tokens=args.max_tokens),
                     vllm=VllmConfig(max_model_len=args.max_model_len))
     tokenizer = load_tokenizer(lookup.locate(args.model))
     docs = documents(tokenizer, [int(x) for x in args.lengths.split(",")], args.docs, args.seed)
@@ -286,6 +287,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--max-prune-cost", type=float, default=None, help="default: spcli run's (inf: always prune)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--speculator-dtype", default="auto", help="the speculator's (spcli run --speculator-dtype)")
     ap.add_argument("--max-model-len", type=int, default=None, help="vLLM's (a smaller KV cache fits a busy machine)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="a folder for lengths.json and lengths.md")
@@ -320,13 +322,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tokenizer = load_tokenizer(lookup.locate(args.model))
     docs = documents(tokenizer, [int(x) for x in args.lengths.split(",")], args.docs, args.seed)
     answers = {d["doc_id"]: d["facts"][0][1] for group in docs.values() for d in group}
-    stack = load.load_stack(args.model, args.speculator, args.dtype, "cpu", with_base=False, needs_speculator=False)
+    stack = load.load_stack(args.model, args.speculator, args.dtype, "cpu", with_base=False, needs_speculator=False,
+                            speculator_dtype=args.speculator_dtype)
     cfg = resolve(RunConfig(inputs=("-",), out="-", model=args.model, speculator=args.speculator,
                             select=select_config(args)), args.model, stack.path, stack.speculator_name)
     summary = summarize(rows, answers, reference, lambda n, kept: limits(cfg, stack, int(n), kept))
     load_avg = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     head = (f"{args.model} <- {stack.speculator_name}, one question per document, {args.docs} documents per length, "
-            f"keep {args.keep}, {args.max_tokens} tokens out, start-ups cancelled; per document, means; "
+            f"keep {args.keep}, {args.max_tokens} tokens out, {stack.dtype} (speculator {stack.speculator_dtype}), "
+            f"start-ups cancelled; per document, means; "
             f"{len(os.sched_getaffinity(0))} CPUs, load average {load_avg}")
     text = f"{head}\n\n{table(summary, reference)}"
     print(text, flush=True)

@@ -9,7 +9,8 @@ spcli.evaluate.shapes' wordings: codes, names, dates), writes one JSONL shard of
 doc_id --dtype float32 --batch-size 2` once per variant (default: full = --keep 1.0, and spcli = --keep 0.1), each in
 its own output folder under --out (a killed run resumes when run again). Prints per variant the answers found
 (`spcli eval`'s contains, case-insensitive), the kept share of prompt tokens and each miss. Answers only: the timing
-of these runs is not a comparison (benches/qa_job.py measures speed against plain vLLM).
+of these runs is not a comparison (benches/qa_job.py measures speed against plain vLLM). Each variant after the
+first also prints how many rows keep the same tokens as the variant before it.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     shard = out / f"{args.shape}-q{args.questions}.jsonl"
     answers = qa_job.write_shard(docs, args.questions, args.seed, shard)
     spcli = Path(sys.executable).with_name("spcli")
+    kept_before = None  # the previous variant's kept indices per id: how many rows each variant keeps alike
     for variant in args.variants:
         name, _, flags = variant.partition("=")
         cmd = [str(spcli), "run", str(shard), "--out", str(out / name), "--model", args.model, "--prompt-field", "document",
@@ -70,9 +72,22 @@ def main(argv: list[str] | None = None) -> None:
                "--dtype", "float32", "--batch-size", "2", *shlex.split(flags)]
         print("$ " + shlex.join(cmd), flush=True)
         subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        got = score(read_rows(out / name), answers)
+        rows = read_rows(out / name)
+        got = score(rows, answers)
         print(f"{name}: right {got['right']}/{got['rows']} (of {len(answers)}), kept {got['kept']:.3f}; misses "
               + json.dumps(got["misses"]), flush=True)
+        kept = {r["id"]: r.get("kept_indices") for r in rows}
+        if kept_before is not None:
+            print(f"{name}: {agreement(kept_before, kept)} than the variant before", flush=True)
+        kept_before = kept
+
+
+def agreement(a: dict, b: dict) -> str:
+    """Rows of both with the same kept indices, and the mean Jaccard of their kept sets."""
+    ids = sorted(set(a) & set(b))
+    same = sum(a[i] == b[i] for i in ids)
+    jac = [len(set(a[i]) & set(b[i])) / max(1, len(set(a[i]) | set(b[i]))) for i in ids if a[i] and b[i]]
+    return f"{same}/{len(ids)} rows keep the same tokens, kept sets' mean Jaccard {sum(jac) / max(1, len(jac)):.3f},"
 
 
 if __name__ == "__main__":

@@ -128,6 +128,7 @@ def run(
     stop: Annotated[Optional[list[str]], typer.Option(metavar="TEXT", help="Stop when TEXT is generated (repeat for several); TEXT is left out of the output, finish_reason stop. A newline in bash: $'\\n'.", show_default=False)] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="hf: rows prefilled and decoded together (default 8). vllm: the speculator window, records scored together while vLLM runs as many rows as its KV cache and --max-num-seqs hold; default: enough prompts to fill one batched speculator pass per worker (32,768 tokens), at most what vLLM runs at once (docs/engine-loop.md). One committed part holds every row finished in --commit-interval.", show_default=False)] = None,
     dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there); the start banner says which and why.")] = "auto",
+    speculator_dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32: the speculator's. auto: the run's dtype, except on a CPU running float32 that multiplies bf16 natively (AVX512-BF16, AMX): bfloat16 there, ~2x faster (its scores summed in float32); the banner says which.")] = "auto",
     engine: Annotated[str, typer.Option(help="hf (transformers) or vllm.")] = "hf",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     prompt_field: Annotated[str, typer.Option(help="Input field holding prompt text.")] = "prompt",

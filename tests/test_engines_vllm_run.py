@@ -246,6 +246,26 @@ def test_pruned_run_keeps_what_the_hf_engine_keeps(pruned_run, chat_jsonl, tiny_
 
 
 @needs_vllm
+def test_the_speculators_dtype_reaches_vllms_workers(shared_engine, chat_jsonl, tiny_dir, tmp_path):
+    """--speculator-dtype: the replica in vLLM's workers loads the dtype the run resolved, as the hf engine's does
+    (the same kept indices on both engines in each dtype), and the fingerprint records it where it is not the run's."""
+    import json
+
+    for dtype in ("float32", "bfloat16"):
+        kept = {}
+        for engine, placement in (("vllm", "workers"), ("vllm", "driver"), ("hf", "auto")):
+            out = tmp_path / f"{engine}-{placement}-{dtype}"
+            code, output, exc = spcli_run(str(chat_jsonl), "--out", str(out), "--engine", engine, "--speculator",
+                                          str(tiny_dir), *COMMON, *PRUNED, "--speculator-placement", placement,
+                                          "--speculator-dtype", dtype)
+            assert code == 0, (output, exc)
+            fields = json.loads((out / "manifest.json").read_text())["fingerprint_fields"]
+            assert fields.get("speculator_dtype") == (None if dtype == "float32" else dtype), fields
+            kept[placement] = {rid: row["kept_indices"] for rid, row in read_rows(out).items()}
+        assert kept["workers"] == kept["driver"] == kept["auto"], dtype
+
+
+@needs_vllm
 def test_driver_placement_keeps_what_the_workers_keep(pruned_run, shared_engine, chat_jsonl, tiny_dir, tmp_path):
     """--speculator-placement driver: the same speculator in this process gives the same rows."""
     code, output, exc = spcli_run(str(chat_jsonl), "--out", str(tmp_path / "driver"), "--engine", "vllm",
@@ -411,6 +431,7 @@ def test_tensor_parallel_2_shares_the_speculator_between_both_ranks(tmp_path_fac
     base, spec = build_tiny(root / "base", smollm2_dir), build_tiny(root / "spec", smollm2_dir, seed=1)
     score = ScoreConfig(lookahead=0, window=8, score_layers="1", pool=3, rows="mean")
     cfg = RunConfig(inputs=("-",), out="-", model=str(base), speculator=str(spec), engine="vllm", dtype="float32",
+                    speculator_dtype="float32",  # the reference below is float32
                     select=SelectConfig(keep=0.3, min_tokens=16, chunk=8, unit="chunk", min_free=0, max_prune_cost=math.inf), score=score,
                     vllm=VllmConfig(tp=2, speculator_placement="workers"))
     rng = random.Random(0)

@@ -122,6 +122,16 @@ def test_run_as_a_real_subprocess(tmp_path, tiny_dir, write_jsonl):
     assert len(read_outputs(out)) == 3
 
 
+def speculator_dtype_text(dtype: str) -> str:
+    """What the banner's speculator line says of the speculator's dtype under --speculator-dtype auto on this CPU."""
+    import torch
+
+    from spcli.models.dtype import resolve_speculator_dtype
+
+    picked, why = resolve_speculator_dtype("auto", dtype, torch.device("cpu"))
+    return "" if picked == dtype else f", {picked} ({why})"
+
+
 def test_start_banner_names_inputs_model_speculator_keep_engine_device_output(tmp_path, tiny_dir, write_jsonl):
     import dataclasses
 
@@ -135,10 +145,11 @@ def test_start_banner_names_inputs_model_speculator_keep_engine_device_output(tm
 
     resolved = resolve_score(ScoreConfig(lookahead=2), str(tiny_dir), tiny_dir, "self:2")  # the model's defaults filled in
     score = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(resolved).items())
+    spec_dtype = speculator_dtype_text("float32")
     assert [line for line in res.output.splitlines() if line.startswith("INFO ")][:6] == [
         "INFO inputs: 1 shard, 3 rows",
         f"INFO model: {tiny_dir}, float32 (--dtype)",
-        f"INFO speculator: self:2, same tokenizer ({score}); settings from flags (lookahead, chunk), the rest from "
+        f"INFO speculator: self:2, same tokenizer{spec_dtype} ({score}); settings from flags (lookahead, chunk), the rest from "
         f"fallback: early exit at the middle layer; `spcli calibrate --model {tiny_dir} --speculator self:2` measures "
         "them for this model",
         "INFO keep: 0.3 (chunk 8, keep_first 4, keep_last 8, min_tokens 16, min_free 0, unit chunk, "

@@ -10,7 +10,12 @@ from spcli.models.cpu_memory import MALLOC_ENV
 PROBE = """
 import ctypes, json, resource, sys
 from spcli.models.cpu_memory import keep_freed_memory
-applied = keep_freed_memory() if sys.argv[1] == "apply" else None
+import os
+from spcli.engines.vllm.driver.args import cpu_env_defaults  # noqa: E402 (no vLLM import: the engine's own env)
+if sys.argv[1] == "apply-after-env":  # the vLLM engine's driver: its processes' env set here first (issue 58)
+    for key, value in cpu_env_defaults(1).items():
+        os.environ.setdefault(key, value)
+applied = keep_freed_memory() if sys.argv[1].startswith("apply") else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes, libc.memset.argtypes = [ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
@@ -45,3 +50,10 @@ def test_freed_memory_is_reused_in_this_process_and_in_started_ones():
 def test_a_users_malloc_setting_stands():
     theirs = probe("apply", MALLOC_MMAP_MAX_="65536")
     assert theirs["applied"] is False and theirs["faults"] > 4 * 10_000
+
+
+def test_the_vllm_engines_driver_keeps_freed_memory_after_setting_vllms_env():
+    """spcli puts MALLOC_ENV in os.environ for vLLM's processes before the driver's speculator loads: this process
+    (started without them) still gets the settings through mallopt."""
+    driver = probe("apply-after-env")
+    assert driver["applied"] is True and driver["faults"] < probe("none")["faults"] / 20

@@ -88,3 +88,63 @@ def test_run_banner_and_fingerprint_carry_the_resolved_dtype(tmp_path, tiny_dir,
     res = CliRunner().invoke(app, ["run", str(src), "--out", str(out), "--model", str(tiny_dir), "--device", "cpu",
                                    *args, "--dtype", other, "--max-tokens", "5"])
     assert f"dtype: '{want}' -> '{other}'" in str(res.exception), res.output
+
+
+def test_the_speculators_dtype_per_device_and_cpu():
+    from spcli.models.dtype import resolve_speculator_dtype as spec
+
+    assert spec("auto", "bfloat16", CUDA)[0] == "bfloat16"  # an accelerator: the run's
+    assert spec(None, "float32", CUDA)[0] == "float32"
+    assert spec("auto", "float32", CPU, features=("avx512_bf16", "avx2"))[0] == "bfloat16"
+    assert spec("auto", "float32", CPU, features=("amx", "avx512_bf16", "avx2"))[0] == "bfloat16"
+    assert spec("auto", "float32", CPU, features=("avx2",)) == (
+        "float32", "auto: the run's dtype (this CPU has no native bf16 matmul)")
+    assert spec("auto", "float32", CPU, features=())[0] == "float32"
+    assert spec("auto", "float16", CPU, features=("avx512_bf16",))[0] == "float16"  # only a float32 run changes
+    assert spec("float32", "float32", CPU, features=("amx",)) == ("float32", "--speculator-dtype")
+    assert spec("bfloat16", "float32", CUDA) == ("bfloat16", "--speculator-dtype")
+
+
+def _specs_dtypes(out):
+    doc = json.loads((out / "manifest.json").read_text())
+    return doc["fingerprint_fields"].get("speculator_dtype"), doc["config"]["speculator_dtype"]
+
+
+def test_a_bf16_speculator_beside_a_float32_base_is_said_recorded_and_resumed(tmp_path, tiny_dir, write_jsonl):
+    """--speculator-dtype bfloat16 under --dtype float32: the banner says it, the fingerprint records it (a directory
+    scored in float32 is refused it), and auto resumes a directory as its rows were scored."""
+    from spcli.engines.hf.engine import HFEngine
+    from spcli.models.resolved import resolve_run
+    from spcli.api import run_config
+
+    src = write_jsonl(prompt_rows(3))
+    out = tmp_path / "bf16"
+    base = ["run", str(src), "--model", str(tiny_dir), "--device", "cpu", *ARGS]
+    res = CliRunner().invoke(app, [*base, "--out", str(out), "--speculator-dtype", "bfloat16"])
+    assert res.exit_code == 0, res.output
+    assert any(ln.startswith("INFO speculator: self:2") and ", bfloat16 (--speculator-dtype)" in ln
+               for ln in res.output.splitlines()), res.output
+    assert _specs_dtypes(out) == ("bfloat16", "bfloat16")
+    # the engine's speculator is its own bf16 copy of the base's first layers; the base stays float32
+    engine = HFEngine(resolve_run(run_config([str(src)], str(tmp_path / "x"), model=str(tiny_dir), device="cpu",
+                                             speculator="self:2", dtype="float32", speculator_dtype="bfloat16")))
+    assert next(engine.stack.speculator.parameters()).dtype == torch.bfloat16
+    assert next(engine.stack.base.parameters()).dtype == torch.float32
+    # scored in float32 (the flag given): no field, as directories made before the flag
+    old = tmp_path / "f32"
+    res = CliRunner().invoke(app, [*base, "--out", str(old), "--speculator-dtype", "float32"])
+    assert res.exit_code == 0, res.output
+    assert _specs_dtypes(old) == (None, "float32")
+    # refused the other dtype, naming it
+    res = CliRunner().invoke(app, [*base, "--out", str(old), "--speculator-dtype", "bfloat16", "--max-tokens", "4"])
+    assert "speculator_dtype" in str(res.exception), res.output
+    # auto on it: float32, as its rows were scored, on any CPU (here a finished directory: nothing to do, not refused)
+    res = CliRunner().invoke(app, [*base, "--out", str(old)])
+    assert res.exit_code == 0 and "nothing to do" in res.output, res.output
+    from spcli.job.manifest import speculator_dtype_for
+
+    auto = resolve_run(run_config([str(src)], str(old), model=str(tiny_dir), device="cpu", speculator="self:2",
+                                  dtype="float32"))
+    if auto.speculator_dtype == "bfloat16":  # this CPU multiplies bf16 natively
+        assert speculator_dtype_for(auto, old, None).speculator_dtype == "float32"
+        assert speculator_dtype_for(auto, out, None).speculator_dtype == "bfloat16"

@@ -166,7 +166,10 @@ def test_spcli_run_on_a_gguf_file_uses_the_fallback_and_says_so(tmp_path, cache,
                                    "--min-tokens", "16", *ALWAYS_PRUNE, "--keep-last", "8", "--max-tokens", "3", "--device", "cpu"])
     assert res.exit_code == 0, res.output + repr(res.exception)
     line = next(l for l in res.output.splitlines() if l.startswith("INFO speculator: "))
-    assert line == ("INFO speculator: self, same tokenizer (lookahead 0, window 32, score_layers 0, pool 13, rows mean, "
+    from test_job_run import speculator_dtype_text
+
+    assert line == (f"INFO speculator: self, same tokenizer{speculator_dtype_text('float32')} (lookahead 0, window 32, "
+                    "score_layers 0, pool 13, rows mean, "
                     "impl auto, restate True); settings from "
                     f"fallback: early exit at the middle layer; `spcli calibrate --model {gguf_file} --speculator self` "
                     "measures them for this model")

@@ -69,15 +69,18 @@ def test_banner_and_fingerprint_read_the_resolved_value(tmp_path, tiny_dir):
     assert resolved.speculator_path == tiny_dir and resolved.scoring == speculator.SAME_TOKENIZER
     assert resolved.cfg.score.is_resolved and resolved.cfg.select.chunk is not None
     changed = dataclasses.replace(resolved, device=torch.device("meta"), dtype_why="why not",
-                                  cfg=dataclasses.replace(resolved.cfg, dtype="float16"),
-                                  scoring=speculator.CROSS_TOKENIZER, settings_source="a test")
+                                  cfg=dataclasses.replace(resolved.cfg, dtype="float16", speculator_dtype="float32"),
+                                  scoring=speculator.CROSS_TOKENIZER, settings_source="a test",
+                                  speculator_dtype_why="why so")
     shards = discover(changed.cfg.inputs)
     fields = fingerprint_fields(changed, shards)
     banner = "\n".join(banner_lines(changed, shards, 3, tmp_path / "out"))
     assert (fields["device_type"], fields["dtype"], fields["scoring"]) == ("meta", "float16", speculator.CROSS_TOKENIZER)
     assert fields["model_path"] == str(tiny_dir) and fields["speculator"] == str(tiny_dir)
     assert f"model: {tiny_dir}, float16 (why not)" in banner
-    assert f"speculator: {tiny_dir}, {speculator.CROSS_TOKENIZER} (" in banner and "settings from a test" in banner
+    assert fields["speculator_dtype"] == "float32"  # recorded where it is not the run's
+    assert f"speculator: {tiny_dir}, {speculator.CROSS_TOKENIZER}, float32 (why so) (" in banner
+    assert "settings from a test" in banner
     assert "engine: hf, device meta, batch size 8" in banner
 
 

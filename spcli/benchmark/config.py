@@ -22,6 +22,7 @@ class BenchConfig:
     ttft_limit_s: float | None = None  # for max QPS; None = 2 x the full-prefill TTFT of one batch
     seed: int = 0  # which essay windows become the prompts
     dtype: str | None = None
+    speculator_dtype: str | None = None  # None or auto: spcli.models.dtype.resolve_speculator_dtype
     device: str = "auto"
     json: bool = False
     speculator_chunk: int = SPECULATOR_CHUNK  # tokens per speculator prefill call (memory only)

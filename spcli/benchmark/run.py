@@ -29,7 +29,7 @@ from spcli.stages.select import is_over_budget
 
 
 def load_models(cfg: BenchConfig) -> ModelStack:
-    return load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device)
+    return load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device, speculator_dtype=cfg.speculator_dtype)
 
 
 def summarize(cfg: BenchConfig, length: int, keep: float, full: list[Timing], spec: list[Timing], extra: dict) -> dict:
@@ -89,7 +89,8 @@ def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
         prompts, texts = as_text(m, make_prompts(tokenizer, length, cfg.batch, cfg.seed))
         extra = {"model": cfg.model, "speculator": spec_name, "scoring": m.scoring,
                  "score": dataclasses.asdict(score), "chunk": cfg.select.chunk,
-                 "settings_from": source, "dtype": dtype, "device": str(m.device),
+                 "settings_from": source, "dtype": dtype, "speculator_dtype": m.speculator_dtype or dtype,
+                 "device": str(m.device),
                  "threads": torch.get_num_threads()}
         if cfg.model == pair.BASE_NAME and spec_name == pair.SPECULATOR_NAME:
             extra["flop_ratio_pair"], extra["flop_ratio_8b_405b"] = pair.pair_ratio(length)

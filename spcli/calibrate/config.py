@@ -31,6 +31,7 @@ class CalibrateConfig:
     paper: bool = True  # also score the paper's recipe (every layer, look-ahead 8) for reference
     write_profile: bool = False  # store the choice where `spcli run` picks it up
     dtype: str | None = None
+    speculator_dtype: str | None = None  # None or auto: spcli.models.dtype.resolve_speculator_dtype
     device: str = "auto"
     seed: int = 0
     select: SelectConfig = field(default_factory=lambda: SelectConfig(keep=1.0))  # keep is per sweep: `keeps`

@@ -54,6 +54,7 @@ class KeepForConfig:
     bootstrap: int = 2000
     seed: int = 0
     dtype: str | None = None
+    speculator_dtype: str | None = None  # None or auto: spcli.models.dtype.resolve_speculator_dtype
     device: str = "auto"
     speculator_chunk: int = SPECULATOR_CHUNK  # tokens per speculator prefill call (memory only)
     select: SelectConfig = field(default_factory=lambda: SelectConfig(keep=AUTO))  # auto's scale/min/max; chunking
@@ -233,7 +234,7 @@ def run_keep(cfg: KeepForConfig, log=print) -> dict:
     t_start = time.perf_counter()
     skipped: list[str] = []
     records, num_valid = sample_records(cfg, skipped)
-    stack = load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device)
+    stack = load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device, speculator_dtype=cfg.speculator_dtype)
     resolved = resolve(cfg, cfg.model, stack.path, stack.speculator_name)  # cfg keeps the user's flags for run_flags
     score = resolved.score
     log(f"calibrate keep: {len(records)} of {num_valid} records, keep {', '.join(map(str, cfg.policies))}, "

@@ -234,7 +234,8 @@ def run_layers(cfg: CalibrateConfig, log=print) -> dict:
     out = make_out_dir(cfg.out)
     t_start = time.perf_counter()
     speculator = cfg.speculator or lookup.default_speculator(cfg.model)
-    m = load_stack(cfg.model, speculator, cfg.dtype, cfg.device, with_base=parse_self(speculator) is not None)
+    m = load_stack(cfg.model, speculator, cfg.dtype, cfg.device, with_base=parse_self(speculator) is not None,
+                   speculator_dtype=cfg.speculator_dtype)
     model = m.speculator
     num_layers = model.config.num_hidden_layers
     defaults, _ = profiles.score_defaults(cfg.model, m.path, m.speculator_name)  # unset pools, rows, chunks: the model's

@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
         score_impl: Annotated[str, typer.Option(help="Scoring kernel: auto, torch or triton.")] = "auto",
         speculator_chunk: Annotated[int, typer.Option(help="Tokens per speculator prefill call, as `spcli run --speculator-chunk`.")] = SPECULATOR_CHUNK,
         dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there).")] = "auto",
+        speculator_dtype: Annotated[str, typer.Option(help="The speculator's: auto, bfloat16, float16 or float32. auto: the run's dtype, except bfloat16 on a CPU running float32 that multiplies bf16 natively (AVX512-BF16, AMX), as spcli run.")] = "auto",
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         json: Annotated[bool, typer.Option("--json", help="Print one JSON object per configuration instead of a table.")] = False,
         out: Annotated[Optional[str], typer.Option(help="Also write bench.json and bench_speedup.png into this directory.")] = None,
@@ -60,7 +61,7 @@ def register(app: typer.Typer) -> None:
         cfg = BenchConfig(
             model=model, speculator=speculator, keeps=split_list(keep, float, "--keep"),
             lengths=split_list(lengths, int, "--lengths"), batch=batch, repeats=repeats, warmup=warmup,
-            max_tokens=max_tokens, ttft_limit_s=ttft_limit, seed=seed, dtype=dtype, device=device, json=json,
+            max_tokens=max_tokens, ttft_limit_s=ttft_limit, seed=seed, dtype=dtype, speculator_dtype=speculator_dtype, device=device, json=json,
             speculator_chunk=speculator_chunk,
             select=SelectConfig(keep=1.0, chunk=chunk, keep_first=keep_first, keep_last=keep_last, min_tokens=0,
                                 unit=unit, min_free=min_free, max_prune_cost=max_prune_cost),

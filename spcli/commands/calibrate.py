@@ -35,6 +35,7 @@ def register(app: typer.Typer) -> None:
         write_profile: Annotated[bool, typer.Option("--write-profile", help="Store the choice as this model's profile: `spcli run` uses it where flags leave window, look-ahead, layers, pool, rows and chunk unset.")] = False,
         from_results: Annotated[Optional[str], typer.Option("--from-results", help="With --write-profile: write the profile from a saved run's results.json (a file or its --out folder) instead of measuring again; no model loads. Refused where that run was of another --model or --speculator, or the model folder has changed since.", show_default=False)] = None,
         dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16 or float32. auto: the model's dtype on GPU and on CPUs with AMX, float32 on other CPUs (bf16 is slower there).")] = "auto",
+        speculator_dtype: Annotated[str, typer.Option(help="The speculator's: auto, bfloat16, float16 or float32. auto: the run's dtype, except bfloat16 on a CPU running float32 that multiplies bf16 natively (AVX512-BF16, AMX), as spcli run.")] = "auto",
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
         seed: Annotated[int, typer.Option(help="Seed of the built-in tasks (with --keep-for: of the sample).")] = 0,
         target_agreement: Annotated[Optional[float], typer.Option(help="--keep-for: mean agreement of the first 16 greedy tokens with full prefill to reach (default 0.9).", show_default=False)] = None,
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
         if keep_for or inputs:
             return _keep_for(inputs, keep_for, out=out, model=model, speculator=speculator, samples=samples or 32,
                              keeps=keep or "0.05,0.1,0.2,0.3,0.5", target_agreement=target_agreement,
-                             target_kl=target_kl, seed=seed, dtype=dtype, device=device, pool=_one(pool, "--pool"),
+                             target_kl=target_kl, seed=seed, dtype=dtype, speculator_dtype=speculator_dtype, device=device, pool=_one(pool, "--pool"),
                              speculator_chunk=speculator_chunk,
                              select=dict(chunk=_one(chunk, "--chunk"), keep_scale=keep_scale, keep_min=keep_min, keep_max=keep_max, min_tokens=min_tokens),
                              score=dict(window=window, lookahead=lookahead, score_layers=score_layers, rows=rows),
@@ -85,7 +86,7 @@ def register(app: typer.Typer) -> None:
             windows=split_list(windows, int, "--windows"), target_recall=target_recall, metric=metric, max_cost=max_cost, paper=not no_paper,
             pools=split_list(pool, int, "--pool") if pool else (), chunks=split_list(chunk, int, "--chunk") if chunk else (),
             rows=split_list(rows, str, "--rows") if rows else (),
-            write_profile=write_profile, dtype=dtype, device=device, seed=seed,
+            write_profile=write_profile, dtype=dtype, speculator_dtype=speculator_dtype, device=device, seed=seed,
         )
         results = run_layers(cfg, log=lambda msg: typer.echo(msg, err=True))
         typer.echo(text_table(results))

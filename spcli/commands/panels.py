@@ -28,7 +28,7 @@ PANELS: dict[str, str] = {
                      "group_max", "group_rule"), SELECTION),
     **dict.fromkeys(("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty", "stop", "seed", "logprobs"), GENERATION),
-    **dict.fromkeys(("engine", "device", "dtype", "batch_size", "tp", "max_model_len", "max_prompt_len", "gpu_memory_utilization",
+    **dict.fromkeys(("engine", "device", "dtype", "speculator_dtype", "batch_size", "tp", "max_model_len", "max_prompt_len", "gpu_memory_utilization",
                      "max_num_batched_tokens", "enforce_eager", "max_num_seqs", "kv_cache_dtype",
                      "speculator_placement", "speculator_overlap", "ray", "ray_workers", "split_rows"), ENGINE),
     **dict.fromkeys(("out", "output_format", "save_scores", "pass_through", "commit_interval", "fresh", "force",

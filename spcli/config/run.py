@@ -134,6 +134,7 @@ class RunConfig:
     speculator: str | None = None  # None = the model's default speculator; "self:K" = its first K layers
     engine: str = "hf"
     dtype: str | None = "auto"  # auto (or None): per device, spcli.models.dtype.resolve_dtype
+    speculator_dtype: str | None = "auto"  # auto (or None): spcli.models.dtype.resolve_speculator_dtype
     device: str = "auto"
     batch_size: int | None = None  # hf: rows per batch (None: HF_BATCH); vllm: the speculator window (None: vllm_stream.window)
     output_format: str = "parquet"
@@ -162,6 +163,8 @@ class RunConfig:
         check(len(self.inputs) > 0, "give at least one INPUT file, glob or directory")
         check(self.engine in ENGINES, f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         check(self.dtype is None or self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check(self.speculator_dtype is None or self.speculator_dtype in DTYPES,
+              f"--speculator-dtype must be one of {', '.join(DTYPES)}, got {self.speculator_dtype!r}")
         check(self.batch_size is None or self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
         check(self.output_format in OUTPUT_FORMATS, f"--output-format must be one of {', '.join(OUTPUT_FORMATS)}, got {self.output_format!r}")
         check(self.truncate in TRUNCATE_POLICIES, f"--truncate must be one of {', '.join(TRUNCATE_POLICIES)}, got {self.truncate!r}")
@@ -207,7 +210,7 @@ class RunConfig:
         """Everything that changes outputs (inputs' identity is added by the manifest)."""
         d = self.to_dict()
         for k in ("inputs", "out", "batch_size", "commit_interval", "speculator_chunk", "fresh", "force", "retry_failed",
-                  "device", "ray", "ray_workers", "split_rows"):
+                  "device", "ray", "ray_workers", "split_rows", "speculator_dtype"):  # dtypes: job.manifest's, resolved
             d.pop(k)
         d["score"].pop("impl")
         if d["select"]["keep"] == AUTO:  # the budget's criterion changed with issue 20: older auto outputs differ

@@ -44,7 +44,7 @@ from spcli.stages.units import cut_values, value_kinds
 
 
 def load_models(cfg: EvalConfig) -> ModelStack:
-    return load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device)
+    return load.load_stack(cfg.model, cfg.speculator, cfg.dtype, cfg.device, speculator_dtype=cfg.speculator_dtype)
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ class EvalConfig:
     compare_tokens: int = 16  # greedy tokens compared with full prefill for exact match
     bootstrap: int = 2000  # resamples per confidence interval
     dtype: str | None = None
+    speculator_dtype: str | None = None  # None or auto: spcli.models.dtype.resolve_speculator_dtype
     device: str = "auto"
     html: bool = False
     match_auto: bool = True  # per auto policy, also a fixed keep at its mean kept fraction (adaptive vs fixed, paired)

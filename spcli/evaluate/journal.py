@@ -33,6 +33,8 @@ def fingerprint(cfg_dict: dict, **resolved) -> dict:
     fields = {k: v for k, v in cfg_dict.items() if k not in NOT_FINGERPRINTED}
     if fields.get("fields") == dataclasses.asdict(FieldConfig()):  # journals from before --prompt-field resume
         del fields["fields"]
+    if fields.get("speculator_dtype", "auto") in (None, "auto"):  # as before the flag; the resolved one is added
+        fields.pop("speculator_dtype", None)
     return json.loads(json.dumps({**fields, **resolved}, default=str))
 
 

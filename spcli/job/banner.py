@@ -24,13 +24,20 @@ def banner_lines(run: ResolvedRun, shards: list[Shard], rows_total: int | None, 
     return [
         f"inputs: {len(shards)} shard{'' if len(shards) == 1 else 's'}, {rows}",
         f"model: {model}, {cfg.dtype}" + (f" ({run.dtype_why})" if run.dtype_why else ""),
-        f"speculator: {run.speculator}{f', {run.scoring}' if run.scoring else ''} ({score})"
+        f"speculator: {run.speculator}{f', {run.scoring}' if run.scoring else ''}{speculator_dtype(run)} ({score})"
         + (" (not used at keep 1.0)" if not cfg.select.prunes else f"; settings from {run.settings_source}"),
         f"keep: {cfg.select.keep} ({select})",
         f"engine: {cfg.engine}, device {run.device}{placement(run)}, {batch_text(cfg)}",
         f"output: {out} ({cfg.output_format})",
         f"groups: {group_rule_text(cfg)}, --group-rule {cfg.group_rule}" if cfg.grouped else "groups: off (each record alone)",
     ]
+
+
+def speculator_dtype(run: ResolvedRun) -> str:
+    """The speculator's dtype where it differs from the model's (--speculator-dtype), and why."""
+    if not run.cfg.select.prunes or run.speculator_dtype == run.dtype:
+        return ""
+    return f", {run.speculator_dtype}" + (f" ({run.speculator_dtype_why})" if run.speculator_dtype_why else "")
 
 
 def placement(run: ResolvedRun) -> str:

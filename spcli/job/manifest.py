@@ -28,6 +28,8 @@ def fingerprint_fields(resolved: ResolvedRun, shards: list[Shard]) -> dict:
         # directory made before then (raw text) is refused on resume rather than mixing the two forms
         fields["raw_prompt_with_instruction"] = "chat template"
     fields["dtype"] = resolved.dtype  # what the models load in
+    if resolved.prunes and resolved.speculator_dtype != resolved.dtype:  # absent where equal, as before: those resume
+        fields["speculator_dtype"] = resolved.speculator_dtype
     fields["device_type"] = resolved.device.type  # cpu and cuda kernels round bf16 differently
     fields["inputs"] = [{k: v for k, v in s.items() if k != "index"} for s in input_identity(shards)]
     return fields
@@ -50,6 +52,22 @@ def groups_for(resolved: ResolvedRun, out: Path, task: dict | None) -> ResolvedR
         log.info("groups: consecutive (%s was made with the consecutive rule, before --groups shard; it resumes with it)",
                  out)
     return dataclasses.replace(resolved, cfg=dataclasses.replace(cfg, groups=groups))
+
+
+def speculator_dtype_for(resolved: ResolvedRun, out: Path, task: dict | None) -> ResolvedRun:
+    """--speculator-dtype auto, resolved against the directory it continues: on a directory whose rows were scored
+    with the speculator in the run's dtype (its fingerprint names no speculator_dtype: made so, or before the flag),
+    the run's dtype, so that it resumes as its rows were made; elsewhere what resolve_run picked."""
+    cfg = resolved.cfg
+    path = out / manifest_name(task["index"] if task else None)
+    if not resolved.speculator_dtype_why.startswith("auto") or resolved.speculator_dtype == resolved.dtype:
+        return resolved
+    old = None if cfg.fresh or not path.exists() else Manifest.load(path)
+    if old is None or not old.committed_parts() or "speculator_dtype" in old.fingerprint_fields:
+        return resolved
+    log.info("speculator dtype: %s (%s was scored in the run's dtype; it resumes so)", resolved.dtype, out)
+    return dataclasses.replace(resolved, cfg=dataclasses.replace(cfg, speculator_dtype=resolved.dtype),
+                               speculator_dtype_why=f"the run's dtype, as {out} was made")
 
 
 def resumed_groups(fingerprint_fields: dict) -> str:

@@ -31,7 +31,7 @@ from spcli.io.shards import Shard, discover
 from spcli.job import retry
 from spcli.job.banner import banner_lines, resume_line
 from spcli.job.batch import note_warnings, row_notes, run_batch, sharing_line
-from spcli.job.manifest import fingerprint_fields, groups_for, open_manifest
+from spcli.job.manifest import fingerprint_fields, groups_for, open_manifest, speculator_dtype_for
 from spcli.job.progress import Progress
 from spcli.job.reading import shard_records
 from spcli.job.shares import WorkerShare, my_shards
@@ -108,7 +108,7 @@ def _remove_if_empty(out: Path) -> None:
 def _run_locked(resolved: ResolvedRun, out: Path, all_shards: list[Shard], shards: list[Shard], task: dict | None,
                 stop: StopRequest, progress: Progress, warnings: dict[int, str | None], pass_through=None,
                 share: WorkerShare | None = None) -> RunSummary:
-    resolved = groups_for(resolved, out, task)
+    resolved = speculator_dtype_for(groups_for(resolved, out, task), out, task)
     cfg = resolved.cfg
     manifest = open_manifest(resolved, out, shards, task, all_shards if share is not None else None)
     make_engine = build_engine if share is None else lambda r: kept_engine(share.engines, r)

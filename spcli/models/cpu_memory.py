@@ -11,8 +11,8 @@ reaches in its first window anyway.
 
 Two ways in, the same two settings: `MALLOC_ENV` for processes not started yet (vLLM's engine and worker
 processes read it at their start: `vllm_args.cpu_env_defaults`), `keep_freed_memory()` for this process
-(the hf engine, eval, bench and calibrate load their models into it). Nothing happens on a C library
-other than glibc, nor where the user set either variable.
+(the hf engine, eval, bench and calibrate load their models into it, and the vLLM engine its driver speculator).
+Nothing happens on a C library other than glibc, nor where the process started with either variable set.
 """
 
 from __future__ import annotations
@@ -26,13 +26,26 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
 _done: bool | None = None
 
 
+def set_at_start() -> bool:
+    """Whether this process started with one of MALLOC_ENV's variables set (what glibc read then): its initial
+    environment (/proc/self/environ), not os.environ, where spcli itself puts them for vLLM's processes
+    (cpu_env_defaults) before this process's speculator loads: read there, the driver's speculator ran without
+    them, every pass faulting its activations in afresh (issue 58). os.environ where /proc is not there."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            names = {entry.partition(b"=")[0] for entry in f.read().split(b"\0")}
+    except OSError:
+        return any(key in os.environ for key in MALLOC_ENV)
+    return any(key.encode() in names for key in MALLOC_ENV)
+
+
 def keep_freed_memory() -> bool:
     """Apply MALLOC_ENV to this running process through glibc's mallopt, once; False where the C library has
     no mallopt or the user set one of the variables (theirs stands)."""
     global _done
     if _done is None:
         _done = False
-        if not any(key in os.environ for key in MALLOC_ENV):
+        if not set_at_start():
             try:
                 mallopt = ctypes.CDLL(None).mallopt
             except (OSError, AttributeError):

@@ -15,7 +15,7 @@ from torch import nn
 from spcli.errors import ConfigError, ModelError
 from spcli.models import capture, lookup
 from spcli.models.device import pick_device
-from spcli.models.dtype import resolve_dtype
+from spcli.models.dtype import resolve_dtype, resolve_speculator_dtype
 from spcli.models.files import BaseFiles, read_base, read_config
 from spcli.models.speculator import (
     CROSS_TOKENIZER,
@@ -74,8 +74,11 @@ def load_prefix(path: Path, num_layers: int, dtype: str, device: torch.device, t
             "tokenizer (--speculator NAME|FOLDER, e.g. llama-8b)"
         )
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     _keep_cpu_memory(device)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report lists the layers left out on purpose, as unexpected keys
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, num_hidden_layers=num_layers, dtype=TORCH_DTYPES[dtype], attn_implementation=capture.register(),
@@ -83,6 +86,8 @@ def load_prefix(path: Path, num_layers: int, dtype: str, device: torch.device, t
         )
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load the first {num_layers} layers of {path}: {e}") from e
+    finally:
+        hf_logging.set_verbosity(verbosity)
     model.spcli_num_layers = total or config.num_hidden_layers  # what --score-layers' negatives count from
     return model.eval()
 
@@ -148,6 +153,7 @@ class ModelStack:
     speculate_remote: Callable | None = None
 
     max_prompt_len: int | None = None  # an engine's own bound on prompt length (vLLM: the speculator reserve's)
+    speculator_dtype: str | None = None  # the speculator's where it differs from `dtype` (--speculator-dtype)
     prompt_len_flag: str = ""  # the flag that raises max_prompt_len
 
     def max_prompt_tokens(self, max_tokens: int) -> int:
@@ -198,10 +204,11 @@ class ModelStack:
 
     def _load_speculator(self) -> nn.Module:
         k = parse_self(self.speculator_name)
-        if k is not None and self.base is not None:
+        dtype = self.speculator_dtype or self.dtype
+        if k is not None and self.base is not None and (dtype == self.dtype or not self.speculator_layers):
             check_speculator_attention(self.path, self.name, self.speculator_name, self.max_positions)
-            return first_layers(self.base, k)
-        return speculator_source(self.path, self.name, self.speculator_name, self.dtype, self.max_positions,
+            return first_layers(self.base, k)  # shares the base's weights (in another dtype: its own copy, below)
+        return speculator_source(self.path, self.name, self.speculator_name, dtype, self.max_positions,
                                  self.speculator_layers, self.speculator_path).load(self.device)
 
 
@@ -243,14 +250,33 @@ def open_stack(base: BaseFiles, model: str, speculator: str, dtype: str, device:
 
 
 def load_stack(model: str, speculator: str | None = None, dtype: str | None = None, device: str = "auto",
-               with_base: bool = True, path: Path | None = None, needs_speculator: bool = True) -> ModelStack:
+               with_base: bool = True, path: Path | None = None, needs_speculator: bool = True,
+               speculator_dtype: str | None = None, score=None) -> ModelStack:
     """open_stack by name (eval, bench, calibrate): `model` located (`path`: its folder when already located),
-    its speculator (default: the model's), dtype and device picked here, as spcli.models.resolved does for a run."""
+    its speculator (default: the model's), dtype, the speculator's dtype and device picked here, as
+    spcli.models.resolved does for a run. `score`: the resolved ScoreConfig, which tells how many of the base's
+    layers a self speculator in another dtype than the base's loads (without it: all)."""
     path = path or lookup.locate(model)
     torch_device = pick_device(device)
-    return open_stack(read_base(path), model, speculator or lookup.default_speculator(model),
-                      resolve_dtype(dtype, model, torch_device)[0], torch_device, with_base=with_base,
-                      needs_speculator=needs_speculator)
+    resolved_dtype = resolve_dtype(dtype, model, torch_device)[0]
+    spec_dtype = resolve_speculator_dtype(speculator_dtype, resolved_dtype, torch_device)[0]
+    speculator = speculator or lookup.default_speculator(model)
+    return open_stack(read_base(path), model, speculator, resolved_dtype, torch_device, with_base=with_base,
+                      needs_speculator=needs_speculator, speculator_dtype=spec_dtype,
+                      speculator_layers=self_layers_for(path, speculator, score, spec_dtype != resolved_dtype))
+
+
+def self_layers_for(path: Path, speculator: str, score, own_copy: bool) -> int | None:
+    """The base's first layers a self speculator loads as a copy of its own (`own_copy`: in another dtype than the
+    base's; None: it is a view of the base's layers, or not a self speculator)."""
+    from spcli.models.speculator import self_layers
+
+    if parse_self(speculator) is None or not own_copy:
+        return None
+    total = read_config(path).num_hidden_layers
+    if score is None or not score.is_resolved or score.lookahead:  # look-ahead decodes: every layer, head included
+        return parse_self(speculator) or total
+    return self_layers(speculator, score, total)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 `resolve_run(cfg)` answers each question about a RunConfig once: the base model's folder (lookup.locate), the
 speculator (lookup.default_speculator) and, where a separate one will run, its folder; the scoring settings
 and where they came from (spcli.models.profiles); the device (spcli.models.device, NVML only) and the dtype and why
-(spcli.models.dtype, per engine); where the vLLM engine's speculator runs (`placement_for`); and which path scores
+(spcli.models.dtype, per engine) and the speculator's; where the vLLM engine's speculator runs (`placement_for`); and which path scores
 the base's tokens. It reads configs and tokenizers, no
 weights. The banner, the manifest's fingerprint, the vLLM engine's memory plan and both engines read the
 ResolvedRun; none of them locates or picks anything again.
@@ -20,7 +20,7 @@ import torch
 from spcli.config.run import RunConfig
 from spcli.models import lookup, profiles
 from spcli.models.device import pick_device
-from spcli.models.dtype import resolve_dtype
+from spcli.models.dtype import resolve_dtype, resolve_speculator_dtype
 from spcli.models.files import max_positions_of, read_config
 from spcli.models.positions import check_base_positions
 from spcli.models.speculator import parse_self, scoring_path
@@ -36,10 +36,15 @@ class ResolvedRun:
     device: torch.device  # --device resolved: the hf engine's, the vLLM driver speculator's
     settings_source: str  # where the scoring settings came from: flags, a profile, a preset or a fallback
     scoring: str | None  # which path scores the base's tokens (load.SAME_TOKENIZER / CROSS_TOKENIZER); None at keep 1.0
+    speculator_dtype_why: str = ""  # how cfg.speculator_dtype was picked (spcli.models.dtype.resolve_speculator_dtype)
 
     @property
     def dtype(self) -> str:
         return self.cfg.dtype
+
+    @property
+    def speculator_dtype(self) -> str:
+        return self.cfg.speculator_dtype or self.cfg.dtype
 
     @property
     def prunes(self) -> bool:
@@ -69,7 +74,8 @@ def resolve_run(cfg: RunConfig) -> ResolvedRun:
     cfg, source = profiles.resolve_with_source(cfg, cfg.model, model_path, speculator)
     device = pick_device(cfg.device)
     dtype, dtype_why = resolve_dtype(cfg.dtype, cfg.model, device, engine=cfg.engine)
-    cfg = dataclasses.replace(cfg, dtype=dtype)  # every engine loads what the fingerprint records
+    spec_dtype, spec_why = resolve_speculator_dtype(cfg.speculator_dtype, dtype, device)
+    cfg = dataclasses.replace(cfg, dtype=dtype, speculator_dtype=spec_dtype)  # what every engine loads, and the fingerprint records
     placement = placement_for(cfg.vllm.speculator_placement, device, cfg.vllm.speculator_overlap)
     cfg = dataclasses.replace(cfg, vllm=dataclasses.replace(cfg.vllm, speculator_placement=placement))
     prunes = cfg.select.prunes
@@ -78,4 +84,4 @@ def resolve_run(cfg: RunConfig) -> ResolvedRun:
         check_base_positions(base_config, max_positions_of(base_config), cfg.model)
     speculator_path = lookup.locate(speculator) if prunes and parse_self(speculator) is None else None
     scoring = scoring_path(model_path, speculator, speculator_path) if prunes else None
-    return ResolvedRun(cfg, model_path, speculator, speculator_path, dtype_why, device, source, scoring)
+    return ResolvedRun(cfg, model_path, speculator, speculator_path, dtype_why, device, source, scoring, spec_why)

@@ -27,12 +27,13 @@ class HFEngine:
         run = run if isinstance(run, ResolvedRun) else resolve_run(run)
         self.cfg = run.cfg
         self.log = log
-        layers = None  # without the base's weights, a self speculator reads its first layers from the checkpoint
-        if not with_base and speculator.parse_self(run.speculator) is not None:
-            layers = speculator.self_layers(run.speculator, run.cfg.score, files.read_config(run.model_path).num_hidden_layers)
+        # without the base's weights, or in another dtype than the base's, a self speculator reads its first layers
+        # from the checkpoint (else it is a view of the base's)
+        own_copy = not with_base or run.speculator_dtype != run.dtype
+        layers = load.self_layers_for(run.model_path, run.speculator, run.cfg.score, own_copy) if run.prunes else None
         self.stack = load.open_stack(files.read_base(run.model_path), run.cfg.model, run.speculator, run.dtype,
                                      run.device, needs_speculator=run.prunes, speculator_path=run.speculator_path,
-                                     with_base=with_base, speculator_layers=layers)
+                                     with_base=with_base, speculator_layers=layers, speculator_dtype=run.speculator_dtype)
 
     def check(self, req: PrunedRequest) -> None:
         """Engine-specific refusals of a prepared request (raise RecordError): none here; prompts longer

@@ -65,6 +65,7 @@ class VllmEngine:
         self.log = log
         self.placement = cfg.vllm.speculator_placement
         self.dtype = run.dtype  # the base's, for the replicas on the GPUs too (not the driver CPU's)
+        self.speculator_dtype = run.speculator_dtype  # the speculator's (--speculator-dtype; auto: the base's on GPUs)
         name = run.speculator
         model_config = read_model_config(run.model_path)  # read once: layers, RoPE table, quantization
         if self.scores:  # what `spcli plan` refuses, refused here before vLLM is imported or started
@@ -82,7 +83,7 @@ class VllmEngine:
         elif speculator.parse_self(name) is None or not cfg.score.lookahead:  # self with look-ahead: refused above
             if speculator.parse_self(name) is not None:
                 layers = speculator.self_layers(name, cfg.score, int(model_config["num_hidden_layers"]))
-            self.source = load.speculator_source(base.path, cfg.model, name, self.dtype, base.max_positions, layers,
+            self.source = load.speculator_source(base.path, cfg.model, name, self.speculator_dtype, base.max_positions, layers,
                                                  run.speculator_path)
             tokens = speculator.speculator_tokens(base.tokenizer, name, run.speculator_path)
         self.owns_runner = runner is None
@@ -106,7 +107,7 @@ class VllmEngine:
             base, cfg.model, name, self.dtype, device, with_base=False, needs_speculator=False,  # source checked it
             speculator_path=run.speculator_path, speculator_tokens=tokens, speculator_layers=layers,
             max_positions=base.max_positions if self.in_background else self.runner.max_positions,
-            speculate_remote=remote, max_prompt_len=max_prompt_len,
+            speculate_remote=remote, max_prompt_len=max_prompt_len, speculator_dtype=self.speculator_dtype,
             prompt_len_flag="--max-prompt-len (it sizes the speculator's share of the GPU)" if max_prompt_len else "")
         self.overlap = overlaps(cfg.vllm.speculator_overlap, platform.is_cpu(), remote is not None)
         if remote is not None:
@@ -183,7 +184,7 @@ class VllmEngine:
         if free_bytes is None:
             return planned
         fits, note = measured_prompt_len(free_bytes, planned, self._speculator_shape, self.cfg.score,
-                                         DTYPE_BYTES[self.dtype], self.cfg.speculator_chunk)
+                                         DTYPE_BYTES[self.speculator_dtype], self.cfg.speculator_chunk)
         if note:
             self.log(note)
         return fits
@@ -194,7 +195,7 @@ class VllmEngine:
         from spcli.plan.shapes import DTYPE_BYTES
 
         return speculator_share(self._speculator_shape, self.cfg.score, max_prompt_len, self.cfg.speculator_chunk,
-                                total_bytes, DTYPE_BYTES[self.dtype])
+                                total_bytes, DTYPE_BYTES[self.speculator_dtype])
 
     @functools.cached_property
     def _speculator_shape(self):
