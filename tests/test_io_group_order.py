@@ -48,6 +48,24 @@ def test_groups_do_not_depend_on_order_and_are_cut_by_the_records_themselves(tmp
     assert sorted(map(len, found[0])) == [1, 1, 1, 2, 3, 3]  # a's 7 cut 3 + 3 + 1 by the records' digests
 
 
+def test_the_processing_order_is_the_one_directories_were_begun_in(tmp_path):
+    """The order of a fixed shard, as the code that began directories before the key digest became Python's hash
+    (and before gzip and Parquet were read through decoded copies) computed it: a resume counts committed records in
+    this order, so it must not move. Only key equality, the records' own digests and rows decide it."""
+    rows = random.Random(11).sample(qa_rows() * 3, 27)
+    rows = [{**r, "id": f"{r['id']}-{i}"} for i, r in enumerate(rows)]
+    plain = tmp_path / "p.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gz = tmp_path / "p.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    pqf = tmp_path / "p.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), pqf, row_group_size=5)
+    jsonl_order = [3, 2, 7, 5, 10, 4, 14, 16, 20, 13, 1, 21, 17, 22, 19, 18, 23, 12, 15, 24, 6, 11, 25, 8, 26, 0, 9]
+    parquet_order = [0, 3, 1, 10, 5, 15, 17, 2, 13, 7, 20, 8, 9, 14, 21, 18, 24, 6, 11, 23, 12, 25, 19, 4, 16, 22, 26]
+    for path, want in ((plain, jsonl_order), (gz, jsonl_order), (pqf, parquet_order)):
+        assert [r.row for r in read_in_order(Shard(0, str(path), "p"), FIELDS, 0, 1 << 20, 4)] == want, path.name
+
+
 def test_gzip_and_parquet_read_the_same_order_as_plain_jsonl(tmp_path, write_jsonl):
     rows = random.Random(5).sample(qa_rows(), 9) + ["not json"]
     plain = write_jsonl(rows)
