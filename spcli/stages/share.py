@@ -1,6 +1,7 @@
 """Several questions about one document: a group's records share what the base prefills of the document.
 
-A group (spcli.io.groups: consecutive records of one document) whose members are all pruned at one keep shares
+A group (the records of one document: wherever they stand in a shard under --groups shard, spcli.io.group_order;
+one after another under --groups consecutive, spcli.io.groups) whose members are all pruned at one keep shares
 the longest token prefix of their prompts, `L` tokens (the document in its template; each record's own tokens
 after it are its question). Each question selects from its own importance, as a record alone does; the group
 keeps the union of their selections inside the shared part, `U`, and every question keeps all of its own tokens
