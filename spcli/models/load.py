@@ -251,11 +251,11 @@ def open_stack(base: BaseFiles, model: str, speculator: str, dtype: str, device:
 
 def load_stack(model: str, speculator: str | None = None, dtype: str | None = None, device: str = "auto",
                with_base: bool = True, path: Path | None = None, needs_speculator: bool = True,
-               speculator_dtype: str | None = None, score=None) -> ModelStack:
+               speculator_dtype: str | None = None) -> ModelStack:
     """open_stack by name (eval, bench, calibrate): `model` located (`path`: its folder when already located),
     its speculator (default: the model's), dtype, the speculator's dtype and device picked here, as
-    spcli.models.resolved does for a run. `score`: the resolved ScoreConfig, which tells how many of the base's
-    layers a self speculator in another dtype than the base's loads (without it: all)."""
+    spcli.models.resolved does for a run. A self speculator in another dtype than the base's is a copy of all the
+    base's layers (eval and calibrate score several layers)."""
     path = path or lookup.locate(model)
     torch_device = pick_device(device)
     resolved_dtype = resolve_dtype(dtype, model, torch_device)[0]
@@ -263,7 +263,7 @@ def load_stack(model: str, speculator: str | None = None, dtype: str | None = No
     speculator = speculator or lookup.default_speculator(model)
     return open_stack(read_base(path), model, speculator, resolved_dtype, torch_device, with_base=with_base,
                       needs_speculator=needs_speculator, speculator_dtype=spec_dtype,
-                      speculator_layers=self_layers_for(path, speculator, score, spec_dtype != resolved_dtype))
+                      speculator_layers=self_layers_for(path, speculator, None, spec_dtype != resolved_dtype))
 
 
 def self_layers_for(path: Path, speculator: str, score, own_copy: bool) -> int | None:

@@ -12,7 +12,7 @@ from spcli.engines.hf import base_pass as hf_pass
 from spcli.engines.hf import shared_pass
 from spcli.engines.hf.shared_pass import SharedGroup
 from spcli.errors import RecordError
-from spcli.models import files, load, speculator
+from spcli.models import files, load
 from spcli.models.device import free_memory
 from spcli.models.resolved import ResolvedRun, resolve_run
 from spcli.stages.failures import is_out_of_memory, raise_if_device_error
