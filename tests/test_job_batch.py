@@ -1,4 +1,4 @@
-"""spcli/job/batch.py: a streamed row's time before the engine took it (its ttft_s before vLLM's part)."""
+"""spcli/job/batch.py: a streamed row's time before the engine took it (its ttft_s before vLLM's part); the end line on groups."""
 
 from spcli.job.batch import row_wait
 from spcli.io.records import Record
@@ -31,3 +31,19 @@ def test_the_rows_finished_rows_wait_on_are_those_read_before_the_last_finished_
     reorder.finished[id(recs[2])] = RowResult(id="r2", shard="a.jsonl", row=2)
     reorder.finished[id(recs[4])] = RowResult(id="r4", shard="a.jsonl", row=4)
     assert reorder.needed() == {id(recs[0]), id(recs[1]), id(recs[3])}, "r5 is after every finished row"
+
+
+def test_the_end_line_counts_rows_without_a_key_apart_from_those_that_could_share():
+    """A record without a group key (one message, no prompt text) could share with none: not counted as could."""
+    from collections import Counter
+
+    from spcli.config.run import RunConfig
+    from spcli.job.batch import sharing_line
+
+    notes = Counter({"documents": 5, "questions": 0, "rows alone: one question": 4, "rows alone: no key": 4,
+                     "rows alone: keeps differ": 2})
+    line = sharing_line(notes, RunConfig(inputs=("x",), out="y"))
+    assert "2 rows alone that could share (keeps differ 2), 4 rows alone as their document's only record, " \
+           "4 rows without a group key" in line, line
+    del notes["rows alone: no key"]
+    assert "group key" not in sharing_line(notes, RunConfig(inputs=("x",), out="y"))

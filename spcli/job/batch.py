@@ -90,21 +90,22 @@ def sharing_line(notes: Counter, cfg: RunConfig) -> str | None:
     reading.order_notes' counts."""
     if cfg.grouped is None:
         return None
-    single = "rows alone: one question"
+    single, no_key = "rows alone: one question", "rows alone: no key"  # rows that could share with none
 
-    def counted(prefix: str, skip: str = "") -> tuple[int, str]:
-        items = [(k[len(prefix):], v) for k, v in sorted(notes.items()) if k.startswith(prefix) and k != skip and v]
+    def counted(prefix: str, skip: tuple[str, ...] = ()) -> tuple[int, str]:
+        items = [(k[len(prefix):], v) for k, v in sorted(notes.items()) if k.startswith(prefix) and k not in skip and v]
         return sum(v for _, v in items), ", ".join(f"{k} {v}" for k, v in items)
 
     whole, whole_why = counted("groups whole: ")
     whole_rows, _ = counted("rows whole: ")
-    alone, alone_why = counted("rows alone: ", skip=single)
+    alone, alone_why = counted("rows alone: ", skip=(single, no_key))
     head = (f"{notes['documents']} documents, {notes['questions']} records of documents asked more than once; "
             if cfg.order_free else "")
     return (f"groups ({group_rule_text(cfg)}): {head}{notes['groups together']} groups ({notes['rows together']} rows) "
             f"pruned together, {whole} groups ({whole_rows} rows) prefilled whole" + (f" ({whole_why})" if whole else "")
             + f", {alone} rows alone that could share" + (f" ({alone_why})" if alone else "")
             + f", {notes[single]} rows alone as their document's only record"
+            + (f", {notes[no_key]} rows without a group key" if notes[no_key] else "")
             + (f", {notes['rows error']} error rows" if notes["rows error"] else ""))
 
 
