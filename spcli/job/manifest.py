@@ -35,17 +35,24 @@ def fingerprint_fields(resolved: ResolvedRun, shards: list[Shard]) -> dict:
     return fields
 
 
+def made_with(cfg, out: Path, task: dict | None) -> dict | None:
+    """The fingerprint fields of the rows `out` already holds for this task (None: a new directory, --fresh, or
+    nothing committed yet): what an auto setting resolves against (groups_for, speculator_dtype_for)."""
+    path = out / manifest_name(task["index"] if task else None)
+    old = None if cfg.fresh or not path.exists() else Manifest.load(path)
+    return old.fingerprint_fields if old is not None and old.committed_parts() else None
+
+
 def groups_for(resolved: ResolvedRun, out: Path, task: dict | None) -> ResolvedRun:
     """--groups auto, resolved against the directory it continues: groups shard on a new directory (or one that made
     them); on a directory whose rows were made before groups (its fingerprint names no group rule), each record alone;
     on one made with the consecutive rule (before --groups shard: its fingerprint's groups "auto"), that rule. So an
     old directory resumes as its rows were made."""
     cfg = resolved.cfg
-    path = out / manifest_name(task["index"] if task else None)
     if cfg.groups != "auto":
         return resolved
-    old = None if cfg.fresh or not path.exists() else Manifest.load(path)
-    groups = resumed_groups(old.fingerprint_fields) if old is not None and old.committed_parts() else "shard"
+    made = made_with(cfg, out, task)
+    groups = resumed_groups(made) if made is not None else "shard"
     if groups == "off":
         log.info("groups: off (%s was made before document groups; its rows were made one record at a time)", out)
     elif groups == "consecutive":
@@ -59,11 +66,10 @@ def speculator_dtype_for(resolved: ResolvedRun, out: Path, task: dict | None) ->
     with the speculator in the run's dtype (its fingerprint names no speculator_dtype: made so, or before the flag),
     the run's dtype, so that it resumes as its rows were made; elsewhere what resolve_run picked."""
     cfg = resolved.cfg
-    path = out / manifest_name(task["index"] if task else None)
     if not resolved.speculator_dtype_why.startswith("auto") or resolved.speculator_dtype == resolved.dtype:
         return resolved
-    old = None if cfg.fresh or not path.exists() else Manifest.load(path)
-    if old is None or not old.committed_parts() or "speculator_dtype" in old.fingerprint_fields:
+    made = made_with(cfg, out, task)
+    if made is None or "speculator_dtype" in made:
         return resolved
     log.info("speculator dtype: %s (%s was scored in the run's dtype; it resumes so)", resolved.dtype, out)
     return dataclasses.replace(resolved, cfg=dataclasses.replace(cfg, speculator_dtype=resolved.dtype),
