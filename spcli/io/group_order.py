@@ -384,7 +384,7 @@ def _scan_parquet(shard: Shard, fields: FieldConfig) -> Scan:
     columns = list(dict.fromkeys(c for c in wanted if c is not None and c in names))
     first, stop = shard.first_row, (shard.rows[1] if shard.rows is not None else None)
     row = 0
-    for batch in _batches(pf, columns, shard):
+    for batch in _parquet_parts(pf, columns, shard, 0, pf.metadata.num_rows, 4096):
         try:
             values = batch.to_pylist()
         except UnicodeDecodeError:
@@ -398,17 +398,6 @@ def _scan_parquet(shard: Shard, fields: FieldConfig) -> Scan:
                 out.add(row, key_digest(obj, fields.prompt, fields.messages, fields.group), own)
             row += 1
     return out.scan()
-
-
-def _batches(pf, columns: list[str], shard: Shard):
-    """The file's record batches, row group by row group; unreadable data is the InputError read.py raises for it."""
-    from spcli.io.parquet import row_group_batches
-
-    first = 0
-    for g in range(pf.num_row_groups):
-        num_rows = pf.metadata.row_group(g).num_rows
-        yield from row_group_batches(pf, g, first, num_rows, columns, shard, batch_size=4096)
-        first += num_rows
 
 
 def order(s: Scan, group_max: int) -> Order:
@@ -549,14 +538,18 @@ def _decoded(shard: Shard, fields: FieldConfig, tmp_dir: str | None, s: Scan):
     scanned range, so that any row is read back without decoding its row group again. Yields its reader."""
     import pyarrow as pa
 
+    from spcli.io.parquet import open_parquet, parquet_columns
+
     with _temporary(tmp_dir, ".spcli-decoded-") as f:
         if not len(s.rows):
             yield None
             return
         lo, hi = int(s.rows[0]), int(s.rows[-1]) + 1
+        pf = open_parquet(shard)
+        columns = parquet_columns(pf, shard, fields)
         writer, sizes = None, [0]
         try:
-            for part in _parquet_parts(shard, fields, lo, hi):
+            for part in _parquet_parts(pf, columns, shard, lo, hi, COPY_BATCH_ROWS):
                 writer = writer or pa.ipc.new_file(f, part.schema)
                 writer.write_batch(part)
                 sizes.append(part.num_rows)
@@ -569,18 +562,17 @@ def _decoded(shard: Shard, fields: FieldConfig, tmp_dir: str | None, s: Scan):
         yield _Copy(pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped))), lo + np.cumsum(sizes), shard)
 
 
-def _parquet_parts(shard: Shard, fields: FieldConfig, lo: int, hi: int):
-    """The record batches of rows lo .. hi - 1 of a Parquet shard, in the columns records are made of."""
-    from spcli.io.parquet import open_parquet, parquet_columns, row_group_batches
+def _parquet_parts(pf, columns: list[str], shard: Shard, lo: int, hi: int, batch_size: int):
+    """The record batches of rows lo .. hi - 1 of a Parquet shard (`pf` open), in `columns`, row group by row group;
+    unreadable data is the InputError read.py raises for it."""
+    from spcli.io.parquet import row_group_batches
 
-    pf = open_parquet(shard)
-    columns = parquet_columns(pf, shard, fields)
     first = 0  # row group g's first row
     for g in range(pf.num_row_groups):
         num_rows = pf.metadata.row_group(g).num_rows
         if first < hi and first + num_rows > lo:
             row = first
-            for batch in row_group_batches(pf, g, first, num_rows, columns, shard, COPY_BATCH_ROWS):
+            for batch in row_group_batches(pf, g, first, num_rows, columns, shard, batch_size):
                 part = batch.slice(max(0, lo - row), max(0, min(hi, row + batch.num_rows) - max(lo, row)))
                 row += batch.num_rows
                 if part.num_rows:
