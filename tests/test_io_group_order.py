@@ -5,7 +5,9 @@ import dataclasses
 import gzip
 import json
 import random
+import traceback
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -92,34 +94,43 @@ def test_a_resume_inside_a_group_reads_its_earlier_members_as_context(tmp_path, 
     assert [(r.id, r.is_context) for r in failed] == [(r.id, r.id != every[4].id) for r in every[3:6]]
 
 
-def test_the_block_scan_reads_what_the_line_scan_reads(tmp_path, monkeypatch):
-    """Plain JSONL's first pass (numpy over 8 MiB blocks) gives the line scan's arrays, digests included, on lines of
-    every kind: blank, not JSON, a chat, compact and spaced, CRLF, a nested prompt, an escaped quote, a number
-    prompt, escaped text; a BOM; no final newline; blocks cut anywhere."""
-    import dataclasses
+def test_the_compiled_scanner_reads_what_the_parser_reads(tmp_path, monkeypatch):
+    """Plain JSONL's first pass (spcli.io.line_scan, in parts on threads) gives the arrays of parsing every line,
+    digests included, on lines of every kind: blank, not JSON, a chat, compact and spaced, CRLF, a nested prompt, an
+    escaped quote, a number prompt, escaped text (\\u escapes, a surrogate pair, \\/), a lone surrogate, a BOM, a
+    line over the limit, a row range, no final newline."""
+    from spcli.io import group_order, line_scan
+    from spcli.io.count import line_offsets
 
-    from spcli.io import group_order
-
-    docs = ["doc one", "doc \\u00e9 two", 'doc with \\"quote\\" in', "line\\nbreak", "plain doc"]
+    docs = ["doc one", "doc \\u00e9 two", "doc \u00e9 two", 'doc with \\"quote\\" in', "line\\nbreak", "plain doc",
+            "smile \\ud83d\\ude00", "smile \U0001F600", "a\\/b", "a/b", "lone \\ud800 half", "x" * 300]
     kinds = ["", "   ", "{not json", '{"id": "m%d", "messages": [{"role": "user", "content": "x"}, {"role": "user", '
              '"content": "q"}]}', '{"id":"c%d","prompt":"%s","question":"q"}', '{"id": "r%d", "prompt": "%s"}\r',
              '{"meta": {"prompt": "x"}, "id": "n%d", "prompt": "%s"}', '{"id": "t%d", "q": "say \\"prompt", "prompt": "%s"}',
-             '{"id": "p%d", "prompt": 7}', '{"id": "k%d", "prompt": "%s", "question": "q"}']
+             '{"id": "p%d", "prompt": 7}', '{"id": "k%d", "prompt": "%s", "question": "q"}', ' {"id": "s%d", "prompt": "%s"}',
+             '{"id": "d%d", "prompt": "%s", "prompt": "again"}', '{"custom_id": "b%d", "body": {"prompt": "%s"}}']
     rng = random.Random(0)
     lines = []
-    for i in range(120):
+    for i in range(400):
         kind = rng.choice(kinds)
         lines.append(kind % ((i, rng.choice(docs)) if kind.count("%") == 2 else (i,) if "%" in kind else ()))
     path = tmp_path / "mixed.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())
     shard = Shard(0, str(path), "mixed")
-    by_lines = group_order._scan_jsonl(dataclasses.replace(shard, rows=(0, 1000)), FIELDS, 1 << 20, "jsonl")
-    monkeypatch.setattr(group_order, "BLOCK_BYTES", 100)
-    with open(path, "rb") as f:
-        by_blocks = group_order._scan_blocks(f, FIELDS, 1 << 20)
-    for name in ("rows", "keys", "has_key", "own", "offsets", "lengths"):
-        assert getattr(by_blocks, name).tolist() == getattr(by_lines, name).tolist(), name
-    assert 0 < by_blocks.has_key.sum() < len(by_blocks.rows) < len(lines)
+    monkeypatch.setattr(line_scan, "PART_BYTES", 1000)  # parts of ~1 kB on 3 threads
+    monkeypatch.setattr(line_scan.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    for rows in (None, (7, 333)):
+        part = shard if rows is None else dataclasses.replace(shard, rows=rows, offset=line_offsets(str(path), [7])[0])
+        by_parser = group_order._scan_jsonl(part, FIELDS, 250, parse_all=True)
+        by_kernel = group_order._scan_jsonl(part, FIELDS, 250)
+        for name in ("rows", "keys", "has_key", "own", "offsets", "lengths"):
+            assert getattr(by_kernel, name).tolist() == getattr(by_parser, name).tolist(), (rows, name)
+        assert by_kernel.over_long == by_parser.over_long and len(by_kernel.over_long) > 3
+        assert 0 < by_kernel.has_key.sum() < len(by_kernel.rows) < len(lines)
+    lines_read = line_scan.scan_lines(np.frombuffer(path.read_bytes(), np.uint8), 0, 0, -1, 250, "prompt", "messages")
+    assert (lines_read.states == line_scan.OK).sum() > 100  # the kernel read most prompts itself
+    texts = ["", "a", "é", "12345678", "123456789", "x" * 300]
+    assert len({group_order.text_key(t.encode()) for t in texts}) == len(texts)
 
 
 def test_first_pass_memory_per_record(tmp_path, write_jsonl):
@@ -228,6 +239,11 @@ def test_a_short_document_with_long_rows_is_one_group_prefilled_whole(tmp_path, 
         not in " ".join(res.output.split())
     assert "groups 0 (0 rows) pruned together, 1 (3 rows) prefilled whole (short 1); 0 rows alone" in " ".join(
         res.output.split())
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "short"), "--id", "q1"])
+    assert res.exit_code == 0, "".join(traceback.format_exception(*res.exc_info))
+    said = " ".join(res.output.split())
+    assert "the document they share" in said and "is under --min-tokens 60" in said, said
+    assert "would not beat" not in said
 
 
 def test_records_of_a_short_shared_part_with_long_own_parts_are_pruned_alone(tmp_path, tiny_dir, write_jsonl):

@@ -71,11 +71,27 @@ def read_parquet(shard: Shard, fields: FieldConfig, start_row: int, limit: int) 
         return
     pf = open_parquet(shard)
     columns = parquet_columns(pf, shard, fields)
-    first = 0  # first row of row group g
+    row = start_row
+    for batch in parquet_parts(pf, columns, shard, start_row, pf.metadata.num_rows):
+        for obj in rows_of(batch):
+            yield row_record(obj, shard, row, fields, limit)
+            row += 1
+
+
+def parquet_parts(pf: pq.ParquetFile, columns: list[str], shard: Shard, lo: int, hi: int,
+                  batch_size: int = PARQUET_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """The record batches of rows lo .. hi - 1 of a Parquet shard (`pf` open), in `columns`, row group by row group;
+    unreadable data is the InputError row_group_batches raises for it."""
+    first = 0  # row group g's first row
     for g in range(pf.num_row_groups):
         num_rows = pf.metadata.row_group(g).num_rows
-        if first + num_rows > start_row:
-            yield from _read_row_group(pf, g, first, num_rows, columns, shard, fields, start_row, limit)
+        if first < hi and first + num_rows > lo:
+            row = first
+            for batch in row_group_batches(pf, g, first, num_rows, columns, shard, batch_size):
+                part = batch.slice(max(0, lo - row), max(0, min(hi, row + batch.num_rows) - max(lo, row)))
+                row += batch.num_rows
+                if part.num_rows:
+                    yield part
         first += num_rows
 
 
@@ -92,19 +108,6 @@ def row_group_batches(pf: pq.ParquetFile, g: int, first: int, num_rows: int, col
         if batch is None:
             return
         yield batch
-
-
-def _read_row_group(pf: pq.ParquetFile, g: int, first: int, num_rows: int, columns: list[str], shard: Shard,
-                    fields: FieldConfig, start_row: int, limit: int) -> Iterator[Record]:
-    row = first
-    for batch in row_group_batches(pf, g, first, num_rows, columns, shard):
-        if row + batch.num_rows <= start_row:
-            row += batch.num_rows
-            continue
-        for obj in rows_of(batch):
-            if row >= start_row:
-                yield row_record(obj, shard, row, fields, limit)
-            row += 1
 
 
 def row_record(obj: dict | str, shard: Shard, row: int, fields: FieldConfig, limit: int) -> Record:
