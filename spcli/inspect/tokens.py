@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,7 +175,9 @@ def load_view(run: RunOutputs, row: dict, tokenizer=None) -> TokenView:
     importance = row.get("importance")
     importance = np.asarray(importance, dtype=np.float32) if importance is not None and len(importance) == n else None
     pieces = token_pieces(tokenizer, ids)
-    note = "; ".join(n for n in (why_whole(row, select, rec.keep), cut_note(pieces, is_kept)) if n) or None
+    shared = _group_shared(run, row, ids, lambda r: tokenize(r, tokenizer, _max_positions(model_dir) - (
+        r.max_tokens or gen.get("max_tokens", 64)), run.config.get("truncate", "error")))
+    note = "; ".join(n for n in (why_whole(row, select, rec.keep, shared), cut_note(pieces, is_kept)) if n) or None
     return TokenView(row, pieces, is_kept, is_forced, importance, int(select.get("chunk", 32)),
                      "; ".join(warnings) or None, note)
 
@@ -200,26 +203,47 @@ def cut_note(pieces: list[str], is_kept: np.ndarray, shown: int = 5) -> str | No
             f"dropped right after a kept word (a fact cut from its subject?): " + ", ".join(words[:shown]) + more)
 
 
-def why_whole(row: dict, select: dict, keep: float | str | None) -> str | None:
-    """Why a row kept every token although its keep would prune it, in words: it was shorter than --min-tokens, or
-    pruning it (its group, for a row that shares its document) would not have paid (spcli.stages.pays,
-    spcli.stages.share.group_pays). None for a pruned row, an error row, and a row whose keep is every token."""
+def _group_shared(run: RunOutputs, row: dict, ids: list[int], tokenize_record) -> int | None:
+    """How many tokens the prompts of a group prefilled whole share (spcli.stages.share.shared_len), its other rows
+    re-read and re-tokenised; None for a row outside a group, a pruned row, or a member that cannot be re-read."""
+    from spcli.stages.share import shared_len
+
+    if (row.get("group_size") or 1) < 2 or row.get("num_kept_tokens") != row.get("num_prompt_tokens"):
+        return None
+    table = run.table(["id", "shard", "row", "group"]).to_pylist()
+    others = [r for r in table if r["group"] == row["group"] and r["id"] != row["id"]]
+    try:
+        return shared_len([ids, *(tokenize_record(_record(run, r)) for r in others)])
+    except (OutputError, RecordError):
+        return None
+
+
+def why_whole(row: dict, select: dict, keep: float | str | None, shared: int | None = None) -> str | None:
+    """Why a row kept every token although its keep would prune it, in words: it was shorter than --min-tokens, its
+    group's document (`shared`: the tokens the group's prompts share) was, or pruning it (its group, for a row that
+    shares its document) would not have paid (spcli.stages.pays, spcli.stages.share.group_pays). None for a pruned
+    row, an error row, and a row whose keep is every token."""
     from spcli.config.scoring import SelectConfig
-    from spcli.stages.select import is_kept_whole
+    from spcli.stages.select import is_kept_whole, is_pruned
 
     n, num_kept = row.get("num_prompt_tokens") or 0, row.get("num_kept_tokens")
     if row.get("error") is not None or not n or num_kept != n:
         return None
     known = {f.name for f in dataclasses.fields(SelectConfig)}
-    cfg = SelectConfig(**{k: v for k, v in select.items() if k in known})
+    # a run's config.json holds --max-prune-cost inf as null (JSON has no infinity)
+    cfg = SelectConfig(**{k: (math.inf if k == "max_prune_cost" and v is None else v) for k, v in select.items()
+                          if k in known})
     keep = cfg.keep if keep is None else keep
     if keep != "auto" and float(keep) >= 1.0:
         return None
     if n < cfg.min_tokens:
         return f"prefilled whole: shorter than --min-tokens {cfg.min_tokens}"
+    size = row.get("group_size") or 1
+    if size > 1 and shared is not None and shared < cfg.min_tokens and is_pruned(n, cfg, keep):
+        return (f"prefilled whole with its group's {size} questions: the document they share ({shared} tokens) is "
+                f"under --min-tokens {cfg.min_tokens}, so it is prefilled once (prefix caching), not scored per question")
     if not is_kept_whole(n, num_kept, cfg, keep):
         return None  # its keep (with the first and last tokens) is every token: nothing was to be pruned
-    size = row.get("group_size") or 1
     if size > 1:
         return (f"prefilled whole with its group's {size} questions: pruning the group would not beat prefilling "
                 f"its document once (--max-prune-cost {cfg.max_prune_cost:g})")
