@@ -1,19 +1,23 @@
 """What --groups shard's first pass costs (issue 57): its time against plain reading of the shard, and its memory.
 
     flock /tmp/spcli-timing.lock .venv/bin/python benches/group_order.py [--records 1000000] [--questions 4]
-        [--repeat 3] [--keep FILE]
+        [--repeat 3] [--keep FILE] [--formats jsonl,jsonl.gz,parquet]
 
 Writes a JSONL shard of N short records (D = N / Q documents of ~40 words, Q questions each, in random order:
 {"id", "doc_id", "prompt", "question"}), then times, alternating, --repeat times each (best of the repeats):
 
     read     plain reading: every record parsed into a Record (spcli.io.read.read_records, what `spcli run` reads
              with --groups consecutive or off)
-    scan     the first pass alone (spcli.io.group_order.scan + order: key digests, processing order)
+    scan     the first pass alone (spcli.io.group_order.scan + order: key digests, processing order), its JSONL
+             line scan on as many threads as it picks (the cores this process may use, up to 8)
+    scan1    the same on one thread
     ordered  reading in the group order, first pass included (read_in_order: what `spcli run` reads by default)
 
 and prints scan / read (the first pass's overhead) and ordered / read - 1 (what reading in group order adds in all),
 with the first pass's arrays in bytes per record and its peak of traced Python memory (tracemalloc, in a separate
-untimed pass). No model is loaded.
+untimed pass). The process's first scan (importing numba, loading the compiled kernels from its cache) is timed
+apart as `first_call`. With --formats, the same shard is also written as gzip JSONL and Parquet (row groups of 64k
+rows), and read, scan and ordered are timed on each. No model is loaded.
 """
 
 from __future__ import annotations
@@ -60,9 +64,9 @@ def time_read(shard: Shard) -> float:
     return time.perf_counter() - t0
 
 
-def time_scan(shard: Shard) -> float:
+def time_scan(shard: Shard, threads: int | None = None) -> float:
     t0 = time.perf_counter()
-    order(scan(shard, FIELDS, LIMIT), GROUP_MAX)
+    order(scan(shard, FIELDS, LIMIT, threads=threads), GROUP_MAX)
     return time.perf_counter() - t0
 
 
@@ -73,43 +77,80 @@ def time_ordered(shard: Shard) -> float:
     return time.perf_counter() - t0
 
 
+def write_formats(path: Path, formats: list[str]) -> dict[str, Path]:
+    """The shard at `path` also as gzip JSONL and Parquet, where asked."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    out = {"jsonl": path}
+    if "jsonl.gz" in formats:
+        out["jsonl.gz"] = path.with_suffix(".jsonl.gz")
+        if not out["jsonl.gz"].exists():
+            with open(path, "rb") as f, gzip.open(out["jsonl.gz"], "wb", compresslevel=6) as z:
+                while chunk := f.read(1 << 20):
+                    z.write(chunk)
+    if "parquet" in formats:
+        out["parquet"] = path.with_suffix(".parquet")
+        if not out["parquet"].exists():
+            table = pj.read_json(path, parse_options=pj.ParseOptions(explicit_schema=pa.schema(
+                [(n, pa.string()) for n in ("id", "doc_id", "prompt", "question")])))
+            pq.write_table(table, out["parquet"], row_group_size=65536)
+    return out
+
+
+def measure(shard: Shard, repeat: int) -> dict:
+    times = {"read": [], "scan": [], "scan1": [], "ordered": []}
+    for _ in range(repeat):
+        times["read"].append(time_read(shard))
+        times["scan"].append(time_scan(shard))
+        times["scan1"].append(time_scan(shard, threads=1))
+        times["ordered"].append(time_ordered(shard))
+    best = {k: min(v) for k, v in times.items()}
+    return {"seconds": {k: round(v, 3) for k, v in best.items()}, "all_seconds": times,
+            "scan_over_read": round(best["scan"] / best["read"], 4),
+            "scan1_over_read": round(best["scan1"] / best["read"], 4),
+            "ordered_over_read_minus_1": round(best["ordered"] / best["read"] - 1, 4)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--questions", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", type=Path, help="write the shard here (default: a temporary directory)")
+    ap.add_argument("--formats", default="jsonl", help="comma-separated: jsonl, jsonl.gz, parquet")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.keep or Path(tmp) / "short.jsonl"
         if not path.exists():
             write_shard(path, args.records, args.questions)
         shard = Shard(0, str(path), "short")
-        times = {"read": [], "scan": [], "ordered": []}
-        for _ in range(args.repeat):
-            times["read"].append(time_read(shard))
-            times["scan"].append(time_scan(shard))
-            times["ordered"].append(time_ordered(shard))
-        best = {k: min(v) for k, v in times.items()}
+        t0 = time.perf_counter()
+        scan(shard, FIELDS, LIMIT)
+        first_call = time.perf_counter() - t0
         tracemalloc.start()
         s = scan(shard, FIELDS, LIMIT)
         o = order(s, GROUP_MAX)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         n = len(s.rows)
-        result = {
-            "records": n, "documents": o.documents, "groups": o.num_groups, "bytes": path.stat().st_size,
-            "seconds": {k: round(v, 3) for k, v in best.items()}, "all_seconds": times,
-            "scan_over_read": round(best["scan"] / best["read"], 4),
-            "ordered_over_read_minus_1": round(best["ordered"] / best["read"] - 1, 4),
-            "scan_bytes_per_record": round(s.nbytes / n, 1), "order_bytes_per_record": round(o.nbytes / n, 1),
-            "scan_peak_mb": round(peak / 1e6, 1), "scan_peak_bytes_per_record": round(peak / n, 1),
-        }
+        result = {"records": n, "documents": o.documents, "groups": o.num_groups, "bytes": path.stat().st_size,
+                  "first_call_s": round(first_call, 3), "scan_bytes_per_record": round(s.nbytes / n, 1),
+                  "order_bytes_per_record": round(o.nbytes / n, 1), "scan_peak_mb": round(peak / 1e6, 1),
+                  "scan_peak_bytes_per_record": round(peak / n, 1), "formats": {}}
+        for kind, p in write_formats(path, args.formats.split(",")).items():
+            result["formats"][kind] = measure(Shard(0, str(p), "short"), args.repeat)
         print(json.dumps(result, indent=1))
-        print(f"first pass {best['scan']:.2f} s = {100 * result['scan_over_read']:.1f}% of plain reading "
-              f"({best['read']:.2f} s); reading in group order, first pass included: "
-              f"{100 * result['ordered_over_read_minus_1']:+.1f}%; memory {result['scan_peak_mb']} MB peak "
-              f"({result['scan_peak_bytes_per_record']} B per record)")
+        for kind, r in result["formats"].items():
+            sec = r["seconds"]
+            print(f"{kind}: first pass {sec['scan']:.2f} s = {100 * r['scan_over_read']:.1f}% of plain reading "
+                  f"({sec['read']:.2f} s; on one thread {sec['scan1']:.2f} s = {100 * r['scan1_over_read']:.1f}%); "
+                  f"reading in group order, first pass included: {100 * r['ordered_over_read_minus_1']:+.1f}%")
+        print(f"memory {result['scan_peak_mb']} MB peak ({result['scan_peak_bytes_per_record']} B per record); "
+              f"the process's first scan {result['first_call_s']:.2f} s (numba's import and cached kernels)")
 
 
 if __name__ == "__main__":
