@@ -130,7 +130,10 @@ def key_digest(obj, prompt_field: str, messages_field: str, group_field: str | N
         return text_key(_text(prompt))
     messages = obj.get(messages_field)
     if isinstance(messages, list) and len(messages) > 1:
-        return digest(json.dumps(messages[:-1], sort_keys=True).encode(), b"messages")
+        try:
+            return digest(orjson.dumps(messages[:-1], option=orjson.OPT_SORT_KEYS), b"messages")
+        except TypeError:  # a value orjson cannot write (a lone surrogate, from a Parquet row): Python's json can
+            return digest(json.dumps(messages[:-1], sort_keys=True).encode(), b"messages")
     return None
 
 
@@ -192,15 +195,15 @@ def _scan_jsonl(shard: Shard, fields: FieldConfig, limit: int, plain=None, parse
                 stop = shard.rows[1] if shard.rows is not None else -1
                 lines = line_scan.scan_lines(a, start, row, stop, limit, fields.prompt, fields.messages,
                                              parse_all=parse_all or fields.group is not None, threads=threads)
-                return _from_lines(lines, a, shard, fields, limit)
+                return _from_lines(lines, mm, shard, fields)
             finally:
                 del a  # the map closes only once no array views it
 
 
-def _from_lines(lines, a: np.ndarray, shard: Shard, fields: FieldConfig, limit: int) -> Scan:
+def _from_lines(lines, mm: mmap.mmap, shard: Shard, fields: FieldConfig) -> Scan:
     """The Scan of a JSONL file's lines: records only (no blank line), in the shard's rows; the lines the scanner
     left to the parser parsed here."""
-    from spcli.io.line_scan import BLANK, LONG, OK, PARSE
+    from spcli.io.line_scan import BLANK, LONG, OK
 
     is_record = (lines.states != BLANK) & (lines.rows >= shard.first_row)
     pick = (lambda x: x) if is_record.all() else (lambda x: x[is_record])
@@ -208,22 +211,27 @@ def _from_lines(lines, a: np.ndarray, shard: Shard, fields: FieldConfig, limit: 
     keys, own = pick(lines.keys), pick(lines.owns)
     has = states == OK
     over_long: dict[int, int] = {}
-    for i in np.flatnonzero(~has).tolist():  # the parser's lines and lines over the limit, one by one
-        s, n, row = int(starts[i]), int(lengths[i]), int(rows[i])
-        if states[i] == LONG:
-            size = n - (a[s + n - 1] == 10)
-            over_long[row] = size
-            own[i] = int.from_bytes(digest(a[s:s + ID_SCAN_BYTES].tobytes()), "little")
+    left = np.flatnonzero(~has)  # the parser's lines and lines over the limit, one by one
+    found, found_keys, owns = [], [], []
+    for i, s, n, row, state in zip(left.tolist(), starts[left].tolist(), lengths[left].tolist(), rows[left].tolist(),
+                                   states[left].tolist()):
+        line = mm[s:s + n]
+        if state == LONG:
+            over_long[row] = n - line.endswith(b"\n")
+            owns.append(int.from_bytes(digest(line[:ID_SCAN_BYTES]), "little"))
             lengths[i] = min(ID_SCAN_BYTES, n)
             continue
-        assert states[i] == PARSE
-        text = a[s:s + n].tobytes().strip()
+        text = line.strip()
         if row == 0 and text.startswith(UTF8_BOM):
             text = text[len(UTF8_BOM):].strip()
         key = _parsed_key(text, fields)
         if key is not None:
-            keys[i], has[i] = int.from_bytes(key, "little"), True
-        own[i] = zlib.crc32(text)  # orders a group's members (ties: rows, of equal lines)
+            found.append(i)
+            found_keys.append(int.from_bytes(key, "little"))
+        owns.append(zlib.crc32(text))  # orders a group's members (ties: rows, of equal lines)
+    own[left] = np.array(owns, dtype=np.uint64)
+    keys[found] = np.array(found_keys, dtype=np.uint64)
+    has[found] = True
     return Scan(rows, keys, has, own, starts, lengths, over_long)
 
 
