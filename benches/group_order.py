@@ -1,10 +1,11 @@
 """What --groups shard's first pass costs (issue 57): its time against plain reading of the shard, and its memory.
 
     flock /tmp/spcli-timing.lock .venv/bin/python benches/group_order.py [--records 1000000] [--questions 4]
-        [--repeat 3] [--keep FILE] [--formats jsonl,jsonl.gz,parquet]
+        [--repeat 3] [--keep FILE] [--formats jsonl,jsonl.gz,parquet] [--chat]
 
 Writes a JSONL shard of N short records (D = N / Q documents of ~40 words, Q questions each, in random order:
-{"id", "doc_id", "prompt", "question"}), then times, alternating, --repeat times each (best of the repeats):
+{"id", "doc_id", "prompt", "question"}; with --chat {"id", "messages": [system, user: the document, user: the
+question]}, whose key is its messages but the last, which the compiled scanner leaves to the parser), then times, alternating, --repeat times each (best of the repeats):
 
     read     plain reading: every record parsed into a Record (spcli.io.read.read_records, what `spcli run` reads
              with --groups consecutive or off)
@@ -15,8 +16,8 @@ Writes a JSONL shard of N short records (D = N / Q documents of ~40 words, Q que
 
 and prints scan / read (the first pass's overhead) and ordered / read - 1 (what reading in group order adds in all),
 with the first pass's arrays in bytes per record and its peak of traced Python memory (tracemalloc, in a separate
-untimed pass). The process's first scan (importing numba, loading the compiled kernels from its cache) is timed
-apart as `first_call`. With --formats, the same shard is also written as gzip JSONL and Parquet (row groups of 64k
+untimed pass). The process's first scan (with importing numba and loading the compiled kernels from its cache) is
+timed apart as `first_call`. With --formats, the same shard is also written as gzip JSONL and Parquet (row groups of 64k
 rows), and read, scan and ordered are timed on each. No model is loaded.
 """
 
@@ -42,7 +43,7 @@ FIELDS = FieldConfig(instruction="question")
 LIMIT = 8 << 20
 
 
-def write_shard(path: Path, records: int, questions: int, seed: int = 0) -> None:
+def write_shard(path: Path, records: int, questions: int, seed: int = 0, chat: bool = False) -> None:
     rng = random.Random(seed)
     words = [f"w{i}" for i in range(500)]
     docs = records // questions
@@ -53,8 +54,14 @@ def write_shard(path: Path, records: int, questions: int, seed: int = 0) -> None
         for d, q in rows:
             if d not in texts:
                 texts[d] = " ".join(rng.choice(words) for _ in range(40))
-            f.write(json.dumps({"id": f"d{d}q{q}", "doc_id": f"d{d}", "prompt": texts[d],
-                                "question": f"what is word {q} of the note?"}) + "\n")
+            question = f"what is word {q} of the note?"
+            if chat:
+                messages = [{"role": "system", "content": "You answer from the note."},
+                            {"role": "user", "content": texts[d]}, {"role": "user", "content": question}]
+                f.write(json.dumps({"id": f"d{d}q{q}", "messages": messages}) + "\n")
+            else:
+                f.write(json.dumps({"id": f"d{d}q{q}", "doc_id": f"d{d}", "prompt": texts[d], "question": question})
+                        + "\n")
 
 
 def time_read(shard: Shard) -> float:
@@ -122,11 +129,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", type=Path, help="write the shard here (default: a temporary directory)")
     ap.add_argument("--formats", default="jsonl", help="comma-separated: jsonl, jsonl.gz, parquet")
+    ap.add_argument("--chat", action="store_true", help="chat records (messages) instead of prompt records")
     args = ap.parse_args()
+    if args.chat and "parquet" in args.formats:
+        ap.error("--chat writes JSONL records of nested messages: use --formats jsonl or jsonl,jsonl.gz")
     with tempfile.TemporaryDirectory() as tmp:
         path = args.keep or Path(tmp) / "short.jsonl"
         if not path.exists():
-            write_shard(path, args.records, args.questions)
+            write_shard(path, args.records, args.questions, chat=args.chat)
         shard = Shard(0, str(path), "short")
         t0 = time.perf_counter()
         scan(shard, FIELDS, LIMIT)
@@ -149,8 +159,10 @@ def main() -> None:
             print(f"{kind}: first pass {sec['scan']:.2f} s = {100 * r['scan_over_read']:.1f}% of plain reading "
                   f"({sec['read']:.2f} s; on one thread {sec['scan1']:.2f} s = {100 * r['scan1_over_read']:.1f}%); "
                   f"reading in group order, first pass included: {100 * r['ordered_over_read_minus_1']:+.1f}%")
+        extra = result["first_call_s"] - result["formats"]["jsonl"]["seconds"]["scan"]
         print(f"memory {result['scan_peak_mb']} MB peak ({result['scan_peak_bytes_per_record']} B per record); "
-              f"the process's first scan {result['first_call_s']:.2f} s (numba's import and cached kernels)")
+              f"the process's first scan {result['first_call_s']:.2f} s, {extra:.2f} s more than the best "
+              "(importing numba, loading its compiled kernels)")
 
 
 if __name__ == "__main__":

@@ -118,6 +118,7 @@ def test_the_compiled_scanner_reads_what_the_parser_reads(tmp_path, monkeypatch)
     path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())
     shard = Shard(0, str(path), "mixed")
     monkeypatch.setattr(line_scan, "PART_BYTES", 1000)  # parts of ~1 kB on 3 threads
+    monkeypatch.setattr(group_order, "PARSE_CHUNK", 7)  # the parser's lines a few at a time
     monkeypatch.setattr(line_scan.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     for rows in (None, (7, 333)):
         part = shard if rows is None else dataclasses.replace(shard, rows=rows, offset=line_offsets(str(path), [7])[0])

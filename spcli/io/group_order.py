@@ -58,6 +58,7 @@ from spcli.io.shards import Shard, shard_kind
 
 ORDER = "groups"  # ShardProgress.order: its next_row counts records of this processing order
 READ_CHUNK = 4096  # records whose places are turned into Python numbers at once
+PARSE_CHUNK = 65536  # lines the first pass parses with Python numbers at once (its lists' memory)
 
 
 @dataclass(frozen=True)
@@ -211,27 +212,29 @@ def _from_lines(lines, mm: mmap.mmap, shard: Shard, fields: FieldConfig) -> Scan
     keys, own = pick(lines.keys), pick(lines.owns)
     has = states == OK
     over_long: dict[int, int] = {}
-    left = np.flatnonzero(~has)  # the parser's lines and lines over the limit, one by one
-    found, found_keys, owns = [], [], []
-    for i, s, n, row, state in zip(left.tolist(), starts[left].tolist(), lengths[left].tolist(), rows[left].tolist(),
-                                   states[left].tolist()):
-        line = mm[s:s + n]
-        if state == LONG:
-            over_long[row] = n - line.endswith(b"\n")
-            owns.append(int.from_bytes(digest(line[:ID_SCAN_BYTES]), "little"))
-            lengths[i] = min(ID_SCAN_BYTES, n)
-            continue
-        text = line.strip()
-        if row == 0 and text.startswith(UTF8_BOM):
-            text = text[len(UTF8_BOM):].strip()
-        key = _parsed_key(text, fields)
-        if key is not None:
-            found.append(i)
-            found_keys.append(int.from_bytes(key, "little"))
-        owns.append(zlib.crc32(text))  # orders a group's members (ties: rows, of equal lines)
-    own[left] = np.array(owns, dtype=np.uint64)
-    keys[found] = np.array(found_keys, dtype=np.uint64)
-    has[found] = True
+    left = np.flatnonzero(~has)  # the parser's lines and lines over the limit, one by one, PARSE_CHUNK at a time
+    for c in range(0, len(left), PARSE_CHUNK):
+        part = left[c:c + PARSE_CHUNK]
+        found, found_keys, owns = [], [], []
+        for i, s, n, row, state in zip(part.tolist(), starts[part].tolist(), lengths[part].tolist(),
+                                       rows[part].tolist(), states[part].tolist()):
+            line = mm[s:s + n]
+            if state == LONG:
+                over_long[row] = n - line.endswith(b"\n")
+                owns.append(int.from_bytes(digest(line[:ID_SCAN_BYTES]), "little"))
+                lengths[i] = min(ID_SCAN_BYTES, n)
+                continue
+            text = line.strip()
+            if row == 0 and text.startswith(UTF8_BOM):
+                text = text[len(UTF8_BOM):].strip()
+            key = _parsed_key(text, fields)
+            if key is not None:
+                found.append(i)
+                found_keys.append(int.from_bytes(key, "little"))
+            owns.append(zlib.crc32(text))  # orders a group's members (ties: rows, of equal lines)
+        own[part] = np.array(owns, dtype=np.uint64)
+        keys[found] = np.array(found_keys, dtype=np.uint64)
+        has[found] = True
     return Scan(rows, keys, has, own, starts, lengths, over_long)
 
 
