@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import torch
@@ -130,6 +131,10 @@ def test_a_bf16_speculator_beside_a_float32_base_is_said_recorded_and_resumed(tm
                                              speculator="self:2", dtype="float32", speculator_dtype="bfloat16")))
     assert next(engine.stack.speculator.parameters()).dtype == torch.bfloat16
     assert next(engine.stack.base.parameters()).dtype == torch.float32
+    # a stack copied with another self:K (eval's compared speculators) runs it in bf16 too: its own copy of 1 layer
+    other = dataclasses.replace(engine.stack, speculator_name="self:1", _speculator=None, speculator_layers=None)
+    assert next(other.speculator.parameters()).dtype == torch.bfloat16
+    assert other.speculator.config.num_hidden_layers == 1 and other.speculator_dtype_used == "bfloat16"
     # scored in float32 (the flag given): no field, as directories made before the flag
     old = tmp_path / "f32"
     res = CliRunner().invoke(app, [*base, "--out", str(old), "--speculator-dtype", "float32"])

@@ -89,7 +89,7 @@ def run_bench(cfg: BenchConfig, log=print) -> list[dict]:
         prompts, texts = as_text(m, make_prompts(tokenizer, length, cfg.batch, cfg.seed))
         extra = {"model": cfg.model, "speculator": spec_name, "scoring": m.scoring,
                  "score": dataclasses.asdict(score), "chunk": cfg.select.chunk,
-                 "settings_from": source, "dtype": dtype, "speculator_dtype": m.speculator_dtype or dtype,
+                 "settings_from": source, "dtype": dtype, "speculator_dtype": m.speculator_dtype_used,
                  "device": str(m.device),
                  "threads": torch.get_num_threads()}
         if cfg.model == pair.BASE_NAME and spec_name == pair.SPECULATOR_NAME:

@@ -64,7 +64,7 @@ def other_speculators(m: ModelStack, cfg: EvalConfig) -> list[OtherSpeculator]:
     for name in cfg.extra_speculators:
         speculator.check_speculator_attention(m.path, m.name, name, m.max_positions)
         stack = dataclasses.replace(m, speculator_name=name, _speculator=None, _speculator_tokens=None,
-                                    _is_tokens_checked=False)
+                                    _is_tokens_checked=False, speculator_layers=None)  # a self:K loads its own count
         own = resolve(dataclasses.replace(cfg, speculator=name, extra_speculators=(), selectors=("specprefill",)),
                       cfg.model, m.path, name)
         out.append(OtherSpeculator(f"specprefill@{name}", stack, own))

@@ -90,7 +90,7 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     if cfg.match_auto and any(is_auto(k) for k in cfg.keeps):
         matched, signals = matched_keeps(m, examples, cfg, log)
         cfg = with_matched(cfg, matched)
-    spec_dtype = {"speculator_dtype": m.speculator_dtype} if m.speculator_dtype not in (None, m.dtype) else {}
+    spec_dtype = {"speculator_dtype": m.speculator_dtype_used} if m.speculator_dtype_used != m.dtype else {}
     journal = Journal(out, fingerprint(cfg.to_dict(), dtype=m.dtype, speculator=m.speculator_name, scoring=scoring, **spec_dtype,
                                   matched=matched, compared=compared, **{REQUESTED: requested}), log)
     rows, overlaps = [], []

@@ -66,7 +66,7 @@ def speculator_dtype_for(resolved: ResolvedRun, out: Path, task: dict | None) ->
     with the speculator in the run's dtype (its fingerprint names no speculator_dtype: made so, or before the flag),
     the run's dtype, so that it resumes as its rows were made; elsewhere what resolve_run picked."""
     cfg = resolved.cfg
-    if not resolved.speculator_dtype_why.startswith("auto") or resolved.speculator_dtype == resolved.dtype:
+    if not resolved.is_speculator_dtype_auto or resolved.speculator_dtype == resolved.dtype:
         return resolved
     made = made_with(cfg, out, task)
     if made is None or "speculator_dtype" in made:

@@ -202,14 +202,22 @@ class ModelStack:
         tokens = self.speculator_tokens
         return self.eos_ids if tokens is None else tokens.eos_ids
 
+    @property
+    def speculator_dtype_used(self) -> str:
+        """The dtype the speculator runs in: --speculator-dtype's, or the base's."""
+        return self.speculator_dtype or self.dtype
+
     def _load_speculator(self) -> nn.Module:
         k = parse_self(self.speculator_name)
-        dtype = self.speculator_dtype or self.dtype
-        if k is not None and self.base is not None and (dtype == self.dtype or not self.speculator_layers):
+        dtype = self.speculator_dtype_used
+        if k is not None and self.base is not None and dtype == self.dtype:
             check_speculator_attention(self.path, self.name, self.speculator_name, self.max_positions)
             return first_layers(self.base, k)  # shares the base's weights (in another dtype: its own copy, below)
-        return speculator_source(self.path, self.name, self.speculator_name, dtype, self.max_positions,
-                                 self.speculator_layers, self.speculator_path).load(self.device)
+        layers = self.speculator_layers
+        if k is not None and layers is None:  # a stack copied with another self:K (eval's) carries no count of its own
+            layers = self_layers_for(self.path, self.speculator_name, None, own_copy=True)
+        return speculator_source(self.path, self.name, self.speculator_name, dtype, self.max_positions, layers,
+                                 self.speculator_path).load(self.device)
 
 
 def speculator_source(path: Path, model: str, speculator: str, dtype: str, max_positions: int,

@@ -37,6 +37,7 @@ class ResolvedRun:
     settings_source: str  # where the scoring settings came from: flags, a profile, a preset or a fallback
     scoring: str | None  # which path scores the base's tokens (load.SAME_TOKENIZER / CROSS_TOKENIZER); None at keep 1.0
     speculator_dtype_why: str = ""  # how cfg.speculator_dtype was picked (spcli.models.dtype.resolve_speculator_dtype)
+    is_speculator_dtype_auto: bool = False  # --speculator-dtype auto: job.manifest may resolve it against a directory
 
     @property
     def dtype(self) -> str:
@@ -74,6 +75,7 @@ def resolve_run(cfg: RunConfig) -> ResolvedRun:
     cfg, source = profiles.resolve_with_source(cfg, cfg.model, model_path, speculator)
     device = pick_device(cfg.device)
     dtype, dtype_why = resolve_dtype(cfg.dtype, cfg.model, device, engine=cfg.engine)
+    is_spec_auto = cfg.speculator_dtype in (None, "auto")
     spec_dtype, spec_why = resolve_speculator_dtype(cfg.speculator_dtype, dtype, device)
     cfg = dataclasses.replace(cfg, dtype=dtype, speculator_dtype=spec_dtype)  # what every engine loads, and the fingerprint records
     placement = placement_for(cfg.vllm.speculator_placement, device, cfg.vllm.speculator_overlap)
@@ -84,4 +86,5 @@ def resolve_run(cfg: RunConfig) -> ResolvedRun:
         check_base_positions(base_config, max_positions_of(base_config), cfg.model)
     speculator_path = lookup.locate(speculator) if prunes and parse_self(speculator) is None else None
     scoring = scoring_path(model_path, speculator, speculator_path) if prunes else None
-    return ResolvedRun(cfg, model_path, speculator, speculator_path, dtype_why, device, source, scoring, spec_why)
+    return ResolvedRun(cfg, model_path, speculator, speculator_path, dtype_why, device, source, scoring, spec_why,
+                       is_spec_auto)
