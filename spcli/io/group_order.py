@@ -218,13 +218,12 @@ def _from_lines(lines, mm: mmap.mmap, shard: Shard, fields: FieldConfig) -> Scan
         found, found_keys, owns = [], [], []
         for i, s, n, row, state in zip(part.tolist(), starts[part].tolist(), lengths[part].tolist(),
                                        rows[part].tolist(), states[part].tolist()):
-            line = mm[s:s + n]
-            if state == LONG:
-                over_long[row] = n - line.endswith(b"\n")
-                owns.append(int.from_bytes(digest(line[:ID_SCAN_BYTES]), "little"))
+            if state == LONG:  # its head only: the line may be any size
+                over_long[row] = n - (mm[s + n - 1] == 10)
+                owns.append(int.from_bytes(digest(mm[s:s + min(n, ID_SCAN_BYTES)]), "little"))
                 lengths[i] = min(ID_SCAN_BYTES, n)
                 continue
-            text = line.strip()
+            text = mm[s:s + n].strip()
             if row == 0 and text.startswith(UTF8_BOM):
                 text = text[len(UTF8_BOM):].strip()
             key = _parsed_key(text, fields)
