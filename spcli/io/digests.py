@@ -15,7 +15,9 @@ the 8 byte loads one.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, uint64
+from numba import uint64
+
+from spcli.io.jit import njit
 
 p1, p2, p3 = uint64(0x9E3779B185EBCA87), uint64(0xC2B2AE3D27D4EB4F), uint64(0x165667B19E3779F9)  # xxHash64's
 s8, s27, s29, s32, s33, s37 = (uint64(k) for k in (8, 27, 29, 32, 33, 37))
@@ -39,13 +41,13 @@ def _crc_tables() -> np.ndarray:
 CRC_TABLES = _crc_tables().astype(np.uint32)  # 8 kB: in L1 beside the line
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def mix(h, w):
     h = h ^ (w * p2)
     return ((h << s27) | (h >> s37)) * p1 + p3
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def finish(h, w, n):
     h = mix(h, w) ^ uint64(n)
     h = (h ^ (h >> s33)) * p2
@@ -53,7 +55,7 @@ def finish(h, w, n):
     return h ^ (h >> s32)
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def load8(a, i):
     """a[i .. i + 7] as one little-endian word (i >= 0)."""
     j = uint64(i)
@@ -62,14 +64,14 @@ def load8(a, i):
             | (uint64(a[j + u6]) << uint64(48)) | (uint64(a[j + u7]) << uint64(56)))
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def has_byte(w, pattern):
     """Whether a byte of w is pattern's byte (pattern: that byte 8 times)."""
     v = w ^ pattern
     return ((v - ONES) & ~v & HIGHS) != uint64(0)
 
 
-@njit(nogil=True, cache=True)
+@njit
 def hash_range(a, i, j):
     """text_hash of a[i:j]."""
     h, k = p1, i
@@ -84,12 +86,12 @@ def hash_range(a, i, j):
     return finish(h, w, j - i)
 
 
-@njit(nogil=True, cache=True)
+@njit
 def hash_bytes(a):
     return hash_range(a, 0, len(a))
 
 
-@njit(nogil=True, cache=True)
+@njit
 def hash_strings(offsets, data):
     """text_hash of each string of an Arrow string array: offsets [n + 1], data (its values' bytes)."""
     out = np.empty(len(offsets) - 1, dtype=np.uint64)
@@ -98,7 +100,7 @@ def hash_strings(offsets, data):
     return out
 
 
-@njit(nogil=True, cache=True)
+@njit
 def crc32(a, s, e, t):
     """zlib.crc32(a[s:e]), slicing by 8 (t: CRC_TABLES)."""
     crc, m8 = uint64(0xFFFFFFFF), uint64(0xFF)

@@ -12,12 +12,13 @@ after one sort of the keys).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from spcli.io.jit import njit
 
 FEW = 32  # a run of at most this many members is sorted by insertion
 
 
-@njit(nogil=True, cache=True)
+@njit
 def sort_runs(keys, own, rows, p):
     """Sort each run of equal keys (keys, own, rows: the records' values in the order p, which is sorted by key) by
     (own digest, row), all four in place."""
@@ -40,7 +41,7 @@ def sort_runs(keys, own, rows, p):
         i = j
 
 
-@njit(nogil=True, cache=True)
+@njit
 def cut_groups(keys, rows, alone_rows, group_max):
     """Groups of the sorted keyed records (their keys and rows in that order), then one per record without a key
     (alone_rows): (starts [G] into the keyed records then the others, each group's last row [G], documents,
@@ -68,7 +69,7 @@ def cut_groups(keys, rows, alone_rows, group_max):
     return starts[:g], last[:g], documents, questions, cut
 
 
-@njit(nogil=True, cache=True)
+@njit
 def place(members, starts, by_last):
     """members regrouped so that group by_last[j] comes j-th: (members [N], starts [G + 1])."""
     n, g = len(members), len(starts)

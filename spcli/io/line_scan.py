@@ -27,16 +27,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, uint64
+from numba import uint64
 
 from spcli.io.digests import CRC_TABLES, crc32, finish, has_byte, load8, mix, p1, s8
+from spcli.io.jit import njit
 
 OK, PARSE, BLANK, LONG = 0, 1, 2, 3  # a line's state
 PART_BYTES = 16 << 20  # the least a thread's part of a range holds
 _QUOTES, _SLASHES, _NEWLINES = (uint64(b * 0x0101010101010101) for b in (0x22, 0x5C, 0x0A))
 
 
-@njit(nogil=True, cache=True)
+@njit
 def newline_at(a, i, n):
     """The index of the first newline at or after i, or n."""
     while i + 8 <= n and not has_byte(load8(a, i), _NEWLINES):
@@ -46,7 +47,7 @@ def newline_at(a, i, n):
     return i
 
 
-@njit(nogil=True, cache=True)
+@njit
 def quote_or_slash_at(a, i, e):
     """The index of the first quote or backslash at or after i, or e."""
     while i + 8 <= e:
@@ -59,7 +60,7 @@ def quote_or_slash_at(a, i, e):
     return i
 
 
-@njit(nogil=True, cache=True)
+@njit
 def hex_value(a, i):
     """The number of the 4 hex digits at a[i], -1 if they are not."""
     v = 0
@@ -77,7 +78,7 @@ def hex_value(a, i):
     return v
 
 
-@njit(nogil=True, cache=True)
+@njit
 def string_hash(a, i, e):
     """The hash of the JSON string whose text begins at i (after its quote), its escapes decoded into UTF-8:
     (hash, index of its closing quote), or (0, -1) where the kernel leaves it to the parser."""
@@ -142,7 +143,7 @@ def string_hash(a, i, e):
     return uint64(0), -1
 
 
-@njit(nogil=True, cache=True)
+@njit
 def value_hash(a, i, e):
     """string_hash, in one pass where the string has no escape: words without a quote or backslash are hashed as
     they are found."""
@@ -164,7 +165,7 @@ def value_hash(a, i, e):
     return finish(h, w, j - i), j
 
 
-@njit(nogil=True, cache=True)
+@njit
 def string_end(a, i, e):
     """The index of the closing quote of the string whose text begins at i, -1 if none before e; and whether
     it has escapes."""
@@ -179,7 +180,7 @@ def string_end(a, i, e):
         i += 2
 
 
-@njit(nogil=True, cache=True)
+@njit
 def same(a, i, j, name):
     """Whether a[i:j] is `name` (uint8)."""
     if j - i != len(name):
@@ -190,7 +191,7 @@ def same(a, i, j, name):
     return True
 
 
-@njit(nogil=True, cache=True)
+@njit
 def read_object(a, s, last, prompt, messages, custom_id):
     """The key of the object a[s..last] ({ at s, } at last): (OK, hash) or (PARSE, 0)."""
     depth, expect_key, found, key = 0, False, 0, uint64(0)
@@ -237,7 +238,7 @@ def read_object(a, s, last, prompt, messages, custom_id):
     return OK, key
 
 
-@njit(nogil=True, cache=True)
+@njit
 def scan_part(a, start, end, row, stop_row, limit, prompt, messages, custom_id, parse_all, t,
               rows, starts, lengths, states, keys, owns):
     """The lines of a[start:end] (whole lines), the first being row `row`, up to row stop_row (-1: all) or as many as
@@ -272,7 +273,7 @@ def scan_part(a, start, end, row, stop_row, limit, prompt, messages, custom_id, 
     return k
 
 
-@njit(nogil=True, cache=True)
+@njit
 def count_newlines(a, start, end):
     k = 0
     for i in range(uint64(start), uint64(end)):
