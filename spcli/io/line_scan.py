@@ -301,7 +301,8 @@ def scan_lines(a: np.ndarray, start: int, row: int, stop_row: int, limit: int, p
     (-1: to the end); lines over `limit` bytes are LONG. `threads` parts at once (default: the cores this process
     may use, at most 8, and a part per PART_BYTES at least)."""
     n = len(a)
-    threads = threads or min(8, len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux: cpuset
+    threads = threads or min(8, cores)
     num_parts = max(1, min(threads, (n - start) // PART_BYTES))
     cuts = [start] + [min(n, newline_at(a, start + (n - start) * p // num_parts, n) + 1) for p in range(1, num_parts)]
     cuts = sorted(set(cuts)) + [n]
