@@ -138,9 +138,12 @@ def test_high_partition_preempts_debug(slurm_cluster, tmp_path, standin):
     # end of GraceTime; it exited 75 and came back exactly once.
     assert (out / "runs-0").read_text().splitlines() == [
         "start restart=unset count=1", "signal USR1", "start restart=1 count=1"]
-    assert attempts(out) == [(0, 75, "requeue"), (1, 0, "done")]
+    # the script's own requeue can lose the race with the preemption's (a loaded machine, seen once in a fresh-clone
+    # CI): scontrol refuses it, and the task comes back once all the same (runs-0 above, history below)
+    raced = attempts(out) == [(0, 75, "requeue"), (0, 75, "requeue-failed"), (1, 0, "done")]
+    assert raced or attempts(out) == [(0, 75, "requeue"), (1, 0, "done")]
     history = slurm_cluster.sacct_rows(low, duplicates=True)
-    assert [r["state"] for r in history] == ["REQUEUED", "COMPLETED"]
+    assert [r["state"] for r in history] in ([["REQUEUED", "COMPLETED"]] + [["PREEMPTED", "COMPLETED"]] * raced)
     assert history[1]["start"] >= high_rows[0]["end"]  # the second attempt ran after the high job
 
 
