@@ -3,6 +3,7 @@ and the input columns `--pass-through` carried into them)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,16 @@ class RunOutputs:
             return pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # a pass-through column typed one way in a part, another in the next
             return pa.concat_tables([_as_text(t, self.pass_through) for t in tables], promote_options="permissive")
+
+    @functools.cached_property
+    def group_rows(self) -> dict[str, list[dict]]:
+        """The rows ({id, shard, row}) of each document group, by its name: read once per run (inspect's notes on
+        rows prefilled whole with their group, one per row shown)."""
+        groups: dict[str, list[dict]] = {}
+        for r in self.table(["id", "shard", "row", "group"]).to_pylist():
+            if r.get("group") is not None:
+                groups.setdefault(r["group"], []).append(r)
+        return groups
 
     def rows(self) -> Iterator[dict]:
         """Every committed row as a dict (all columns, pass-through ones included), in input order: an iterator,

@@ -210,8 +210,7 @@ def _group_shared(run: RunOutputs, row: dict, ids: list[int], tokenize_record) -
 
     if (row.get("group_size") or 1) < 2 or row.get("num_kept_tokens") != row.get("num_prompt_tokens"):
         return None
-    table = run.table(["id", "shard", "row", "group"]).to_pylist()
-    others = [r for r in table if r["group"] == row["group"] and r["id"] != row["id"]]
+    others = [r for r in run.group_rows.get(row["group"], []) if r["id"] != row["id"]]
     try:
         return shared_len([ids, *(tokenize_record(_record(run, r)) for r in others)])
     except (OutputError, RecordError):
