@@ -262,16 +262,15 @@ def load_stack(model: str, speculator: str | None = None, dtype: str | None = No
                speculator_dtype: str | None = None) -> ModelStack:
     """open_stack by name (eval, bench, calibrate): `model` located (`path`: its folder when already located),
     its speculator (default: the model's), dtype, the speculator's dtype and device picked here, as
-    spcli.models.resolved does for a run. A self speculator in another dtype than the base's is a copy of all the
-    base's layers (eval and calibrate score several layers)."""
+    spcli.models.resolved does for a run. A self:K speculator in another dtype than the base's is its own copy of the
+    base's first K layers, every layer for `self` (eval and calibrate score several layers: ModelStack._load_speculator)."""
     path = path or lookup.locate(model)
     torch_device = pick_device(device)
     resolved_dtype = resolve_dtype(dtype, model, torch_device)[0]
     spec_dtype = resolve_speculator_dtype(speculator_dtype, resolved_dtype, torch_device)[0]
     speculator = speculator or lookup.default_speculator(model)
     return open_stack(read_base(path), model, speculator, resolved_dtype, torch_device, with_base=with_base,
-                      needs_speculator=needs_speculator, speculator_dtype=spec_dtype,
-                      speculator_layers=self_layers_for(path, speculator, None, spec_dtype != resolved_dtype))
+                      needs_speculator=needs_speculator, speculator_dtype=spec_dtype)
 
 
 def self_layers_for(path: Path, speculator: str, score, own_copy: bool) -> int | None:
