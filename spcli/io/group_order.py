@@ -36,7 +36,6 @@ digests 25 MB and 16 MB of line places (`Scan.nbytes`), then the order 8 MB + 8 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import json
 import mmap
@@ -139,10 +138,10 @@ def key_digest(obj, prompt_field: str, messages_field: str, group_field: str | N
 
 
 class _Arrays:
-    def __init__(self, jsonl: bool):
+    """A Parquet shard's first pass, gathered row by row."""
+
+    def __init__(self):
         self.rows, self.keys, self.has, self.own = array("q"), bytearray(), bytearray(), bytearray()
-        self.offsets, self.lengths = (array("q"), array("q")) if jsonl else (None, None)
-        self.over_long: dict[int, int] = {}
 
     def add(self, row: int, key: bytes | None, own: bytes) -> None:
         self.rows.append(row)
@@ -153,11 +152,9 @@ class _Arrays:
     def scan(self) -> Scan:
         """The arrays, over the buffers they were gathered in (no copy)."""
         u64 = lambda b: np.frombuffer(b, dtype="<u8") if b else np.zeros(0, dtype=np.uint64)
-        i64 = lambda a: np.frombuffer(a, dtype=np.int64) if a else np.zeros(0, dtype=np.int64)
-        jsonl = self.offsets is not None
         has = np.frombuffer(self.has, dtype=np.uint8).view(bool) if self.has else np.zeros(0, dtype=bool)
-        return Scan(i64(self.rows), u64(self.keys), has, u64(self.own), i64(self.offsets) if jsonl else None,
-                    i64(self.lengths) if jsonl else None, self.over_long)
+        rows = np.frombuffer(self.rows, dtype=np.int64) if self.rows else np.zeros(0, dtype=np.int64)
+        return Scan(rows, u64(self.keys), has, u64(self.own))
 
 
 def scan(shard: Shard, fields: FieldConfig, limit: int, plain=None, threads: int | None = None) -> Scan:
@@ -168,12 +165,10 @@ def scan(shard: Shard, fields: FieldConfig, limit: int, plain=None, threads: int
     if kind == "parquet":
         return _scan_parquet(shard, fields)
     try:
-        if kind == "jsonl.gz" and plain is None:
+        if kind == "jsonl.gz" and plain is None:  # decompressing, `unpacked` names a truncated or corrupt file
             with unpacked(shard, None) as f:
                 return _scan_jsonl(shard, fields, limit, f, threads=threads)
         return _scan_jsonl(shard, fields, limit, plain, threads=threads)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise InputError(f"{shard.path}: compressed file is truncated or corrupt ({e})") from e
     except OSError as e:
         raise InputError(f"{shard.path}: cannot read ({e.strerror or e})") from e
 
@@ -187,9 +182,8 @@ def _scan_jsonl(shard: Shard, fields: FieldConfig, limit: int, plain=None, parse
     from spcli.io import line_scan
 
     with contextlib.nullcontext(plain) if plain is not None else open(shard.path, "rb") as f:
-        if not os.fstat(f.fileno()).st_size:
-            return _Arrays(jsonl=True).scan()
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        is_empty = not os.fstat(f.fileno()).st_size  # an empty file cannot be mapped: its lines are none
+        with contextlib.nullcontext(b"") if is_empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             a = np.frombuffer(mm, dtype=np.uint8)
             try:
                 start, row = (shard.offset, shard.first_row) if shard.offset and plain is None else (0, 0)
@@ -250,7 +244,7 @@ def _scan_parquet(shard: Shard, fields: FieldConfig) -> Scan:
     from spcli.io.count import is_empty
     from spcli.io.parquet import open_parquet, parquet_parts
 
-    out = _Arrays(jsonl=False)
+    out = _Arrays()
     if is_empty(shard.path):
         return out.scan()
     pf = open_parquet(shard)
