@@ -152,9 +152,10 @@ def load_view(run: RunOutputs, row: dict, tokenizer=None) -> TokenView:
     if rec.error is not None:
         raise OutputError(f"row {row['id']!r} has no prompt to show: {rec.error}")
     gen, select = run.config.get("generate", {}), run.config.get("select", {})
-    max_tokens = rec.max_tokens or gen.get("max_tokens", 64)
+    max_positions, truncate = _max_positions(model_dir), run.config.get("truncate", "error")
+    ids_of = lambda r: tokenize(r, tokenizer, max_positions - (r.max_tokens or gen.get("max_tokens", 64)), truncate)
     try:
-        ids = tokenize(rec, tokenizer, _max_positions(model_dir) - max_tokens, run.config.get("truncate", "error"))
+        ids = ids_of(rec)
     except RecordError as e:
         raise OutputError(f"row {row['id']!r} could not be tokenised: {e}") from e
     n = len(ids)
@@ -175,8 +176,7 @@ def load_view(run: RunOutputs, row: dict, tokenizer=None) -> TokenView:
     importance = row.get("importance")
     importance = np.asarray(importance, dtype=np.float32) if importance is not None and len(importance) == n else None
     pieces = token_pieces(tokenizer, ids)
-    shared = _group_shared(run, row, ids, lambda r: tokenize(r, tokenizer, _max_positions(model_dir) - (
-        r.max_tokens or gen.get("max_tokens", 64)), run.config.get("truncate", "error")))
+    shared = _group_shared(run, row, ids, ids_of)
     note = "; ".join(n for n in (why_whole(row, select, rec.keep, shared), cut_note(pieces, is_kept)) if n) or None
     return TokenView(row, pieces, is_kept, is_forced, importance, int(select.get("chunk", 32)),
                      "; ".join(warnings) or None, note)
