@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     summary = summarize(rows, answers, reference, lambda n, kept: limits(cfg, stack, int(n), kept))
     load_avg = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     head = (f"{args.model} <- {stack.speculator_name}, one question per document, {args.docs} documents per length, "
-            f"keep {args.keep}, {args.max_tokens} tokens out, {stack.dtype} (speculator {stack.speculator_dtype}), "
+            f"keep {args.keep}, {args.max_tokens} tokens out, {stack.dtype} (speculator {stack.speculator_dtype_used}), "
             f"start-ups cancelled; per document, means; "
             f"{len(os.sched_getaffinity(0))} CPUs, load average {load_avg}")
     text = f"{head}\n\n{table(summary, reference)}"
